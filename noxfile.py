@@ -1,0 +1,71 @@
+"""Sessions: tests (CPU, Triton interpreter), gpu_tests-cuda, gpu_tests-rocm, example, lint.
+
+`nox -l` lists them. The CPU sessions install torch's CPU build first (TILE_KERNELS_TORCH overrides the requirement),
+so that nothing later pulls a multi-GB CUDA build."""
+
+import os
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+TORCH_CPU = os.environ.get("TILE_KERNELS_TORCH", "torch==2.13.0")
+
+
+def _install_cpu_stack(session):
+    session.install(TORCH_CPU)
+    session.install("-e", ".[torch,jax,test]")
+
+
+@nox.session
+def tests(session):
+    """CPU suite: the real Triton kernels in the interpreter, through torch and JAX (interpret mode)."""
+    _install_cpu_stack(session)
+    env = {"TILE_KERNELS_TEST_DEVICE": "cpu", "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
+    session.run("pytest", "-n", "auto", "--dist", "loadgroup", *session.posargs, env=env)
+
+
+def _has(session, module: str) -> bool:
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return session.run("python", "-c", code, success_codes=[0, 1], silent=True, log=False) is True
+
+
+@nox.session(venv_params=["--system-site-packages"])
+@nox.parametrize("vendor", ["cuda", "rocm"], ids=["cuda", "rocm"])
+def gpu_tests(session, vendor):
+    """GPU suite on an NVIDIA (cuda) or AMD (rocm) device: compiled kernels, torch + jax-triton, opcheck, compile.
+
+    Uses the torch already installed for the vendor when there is one. Otherwise cuda installs torch from the default
+    index, and rocm from the wheel index named by TILE_KERNELS_ROCM_TORCH_INDEX (PyTorch's ROCm index)."""
+    if not _has(session, "torch"):
+        if vendor == "rocm":
+            index = os.environ.get("TILE_KERNELS_ROCM_TORCH_INDEX")
+            if not index:
+                session.error("no torch present: set TILE_KERNELS_ROCM_TORCH_INDEX to PyTorch's ROCm wheel index")
+            session.install("torch", "--index-url", index)
+        else:
+            session.install("torch")
+    session.install("-e", ".[test]", "jax-triton>=0.3.1,<0.5", "ml_dtypes")
+    check = "import torch, sys; ok = torch.cuda.is_available() and (torch.version.hip is not None) == {}; sys.exit(not ok)"
+    session.run("python", "-c", check.format(vendor == "rocm"), external=True)
+    env = {"TILE_KERNELS_TEST_DEVICE": "gpu", "HYPOTHESIS_PROFILE": "gpu", "TRITON_INTERPRET": "0"}
+    if vendor == "rocm":
+        env["HIP_VISIBLE_DEVICES"] = os.environ.get("HIP_VISIBLE_DEVICES", "0")
+    session.run("pytest", *session.posargs, env=env)
+
+
+@nox.session
+def example(session):
+    """The README's example: a Llama block's norm + attention-softmax path in torch and JAX, checked against the
+    plain-framework version; timed on a GPU, run in the interpreter on a CPU."""
+    _install_cpu_stack(session)
+    session.run("python", "examples/llama_block.py", *session.posargs)
+
+
+@nox.session
+def lint(session):
+    """ruff check and ruff format --check."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")

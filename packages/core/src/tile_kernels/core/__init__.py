@@ -1,0 +1,9 @@
+"""tile_kernels.core: each op defined once — Triton kernels, launch plans, float64 references, validation, cost.
+
+Imports neither torch nor JAX. The adapters `tile_kernels.torch` and `tile_kernels.jax` execute the plans."""
+
+from . import rms_norm, softmax  # noqa: F401  (importing an op module registers it)
+from .plan import BufferSpec, Launch, Plan, Target, dtype_name
+from .registry import REGISTRY, BadInput, Cost, OpInfo
+
+__all__ = ["REGISTRY", "BadInput", "BufferSpec", "Cost", "Launch", "OpInfo", "Plan", "Target", "dtype_name"]

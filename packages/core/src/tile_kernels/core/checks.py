@@ -1,0 +1,43 @@
+"""Input validation shared by every op: clear errors naming the op, the argument, the expected and the received value.
+
+Arrays are anything with `.shape` and `.dtype` (torch tensors, JAX arrays, NumPy arrays)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .plan import FLOAT_DTYPES, dtype_name
+
+
+def check_float(op: str, name: str, array: Any) -> str:
+    dtype = dtype_name(array.dtype)
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {name} must have dtype float32, float16 or bfloat16, got {dtype}")
+    return dtype
+
+
+def check_min_ndim(op: str, name: str, array: Any, ndim: int) -> None:
+    if len(array.shape) < ndim:
+        raise ValueError(f"{op}: {name} must have at least {ndim} dimension(s), got shape {tuple(array.shape)}")
+
+
+def check_shape(op: str, name: str, array: Any, expected: tuple[int, ...], what: str) -> None:
+    if tuple(array.shape) != tuple(expected):
+        raise ValueError(f"{op}: {name} must have shape {tuple(expected)} ({what}), got {tuple(array.shape)}")
+
+
+def check_same_dtype(op: str, name: str, array: Any, dtype: str, what: str) -> None:
+    got = dtype_name(array.dtype)
+    if got != dtype:
+        raise TypeError(f"{op}: {name} must have dtype {dtype} ({what}), got {got}")
+
+
+def check_positive(op: str, name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{op}: {name} must be > 0, got {value}")
+
+
+def normalize_dim(op: str, dim: int, ndim: int) -> int:
+    if not isinstance(dim, int) or not -max(ndim, 1) <= dim < max(ndim, 1):
+        raise ValueError(f"{op}: dim must be an int in [{-ndim}, {ndim - 1}] for a {ndim}-d input, got {dim!r}")
+    return dim % max(ndim, 1)

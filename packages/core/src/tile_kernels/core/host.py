@@ -1,0 +1,86 @@
+"""Runs a Plan on NumPy arrays through Triton's interpreter (TRITON_INTERPRET=1): the same kernels, on the CPU.
+
+This is the JAX adapter's interpret mode (jax.pure_callback lands here) and needs neither torch nor a GPU. The
+interpreter reads buffers through raw pointers; `HostBuffer` gives a NumPy array the few tensor methods it asks for.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .plan import Plan
+
+_TRITON_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32": "i32", "int64": "i64"}
+
+
+def interpreting() -> bool:
+    """Triton's own switch; it must be set before triton is imported."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def poisoning() -> bool:
+    """TILE_KERNELS_POISON=1 fills every buffer with NaN before a plan runs (tests use it to catch unwritten outputs)."""
+    return os.environ.get("TILE_KERNELS_POISON", "0") not in ("", "0")
+
+
+class HostBuffer:
+    """A NumPy array presented to the Triton interpreter as a host tensor (no copies: it is already on the host)."""
+
+    def __init__(self, array: np.ndarray):
+        if not array.flags.c_contiguous:
+            raise ValueError("HostBuffer needs a C-contiguous array")
+        self.array = array
+        self.dtype = _TRITON_DTYPE[array.dtype.name]
+
+    def data_ptr(self) -> int:
+        return self.array.ctypes.data
+
+    # the interpreter's host-copy protocol, all identities here
+    def untyped_storage(self):
+        return self
+
+    def cpu(self):
+        return self
+
+    def new_empty(self, *args, **kwargs):
+        return self
+
+    def set_(self, *args, **kwargs):
+        return self
+
+    def copy_(self, other):
+        return self
+
+    def storage_offset(self) -> int:
+        return 0
+
+    def size(self):
+        return self.array.shape
+
+    def stride(self):
+        return tuple(s // self.array.itemsize for s in self.array.strides)
+
+
+def _numpy_dtype(name: str):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def run_plan(plan: Plan, *inputs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Executes `plan` with `inputs` bound to plan.inputs; returns plan.outputs as new arrays."""
+    if not interpreting():
+        raise RuntimeError("tile_kernels: running kernels on the host needs TRITON_INTERPRET=1 set before import")
+    bufs = {name: np.ascontiguousarray(a) for name, a in zip(plan.inputs, inputs, strict=True)}
+    for name, spec in plan.buffers.items():
+        fill = 0 if spec.zeroed else (np.nan if poisoning() and "float" in spec.dtype else None)
+        dtype = _numpy_dtype(spec.dtype)
+        bufs[name] = np.empty(spec.shape, dtype) if fill is None else np.full(spec.shape, fill, dtype)
+    wrapped = {name: HostBuffer(a) for name, a in bufs.items()}
+    for launch in plan.launches:
+        launch.kernel[launch.grid](*launch.arguments(wrapped), **launch.constexprs, num_warps=launch.num_warps)
+    return tuple(bufs[name] for name in plan.outputs)

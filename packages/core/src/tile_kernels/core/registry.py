@@ -1,0 +1,67 @@
+"""The op registry: what the adapters, the property tests, the AOT matrix and the benchmark iterate over.
+
+Each op module in `tile_kernels.core` describes itself with one `OpInfo` and registers it here. The test suite draws
+inputs with `sample`, runs them through every framework adapter and compares against `reference` / `reference_vjp`
+(float64 NumPy), so adding an op to the registry adds it to the suite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Algorithmic minimum traffic and arithmetic of one call (drives the benchmark's roofline column)."""
+
+    bytes: int
+    flops: int
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """An invalid call: `changes` overrides sampled arguments; the call must raise `error` matching `match`."""
+
+    changes: Mapping[str, Any]
+    error: type
+    match: str
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    name: str
+    # sample(rng, shape, dtype, **options) -> dict of keyword arguments (NumPy arrays in `dtype`, plus attributes)
+    sample: Callable[..., dict]
+    # choices the tests draw for sample's options, e.g. {"residual": (False, True)}
+    options: Mapping[str, tuple]
+    # reference(**kwargs, compute=np.float64) -> tuple of outputs in the compute dtype
+    reference: Callable[..., tuple]
+    # reference_vjp(kwargs, cotangents) -> {argument name: float64 gradient} for the names in grad_args
+    reference_vjp: Callable[[dict, tuple], dict]
+    grad_args: tuple[str, ...]
+    # cost(kwargs) -> (forward Cost, backward Cost) for the shapes and dtypes of kwargs
+    cost: Callable[[dict], tuple[Cost, Cost]]
+    # bad_inputs(kwargs) -> invalid variants of a valid call
+    bad_inputs: Callable[[dict], list[BadInput]]
+    kernels: tuple  # every Triton kernel the op launches
+
+
+REGISTRY: dict[str, OpInfo] = {}
+
+
+def register(info: OpInfo) -> OpInfo:
+    if info.name in REGISTRY:
+        raise ValueError(f"op {info.name!r} is already registered")
+    REGISTRY[info.name] = info
+    return info
+
+
+def round_to(array: np.ndarray, dtype: str) -> np.ndarray:
+    """Round a float array to `dtype` ('float32', 'float16', 'bfloat16'), as the op's stored tensors are."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.asarray(array).astype(ml_dtypes.bfloat16)
+    return np.asarray(array).astype(dtype)

@@ -1,0 +1,64 @@
+"""Shared pieces of the row-wise kernels (norms, softmax, losses): sizing and the column reduction of partial sums.
+
+A row-wise op sees its input as R rows of N elements. A row of up to `MAX_ROW_BLOCK` elements is held in registers
+by one program (one read of the data); a wider row is streamed in `WIDE_ROW_BLOCK`-element chunks, two passes over
+it (the second pass mostly hits L2).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .plan import Launch, Target, cdiv, next_power_of_2
+
+MAX_ROW_BLOCK = 16384  # elements held in registers per row (fp32 after upcast: 64 KiB per tensor per program)
+WIDE_ROW_BLOCK = 4096  # chunk of a streamed row
+ELEMENTS_PER_THREAD = 8  # one 16-byte vector of bf16 per thread per tensor
+MAX_WARPS = 16  # 1024 threads on a 64-wide wavefront machine
+
+
+def row_block(n: int, target: Target, max_block: int = MAX_ROW_BLOCK) -> tuple[int, bool, int]:
+    """(BLOCK_N, ONE_BLOCK, num_warps) for rows of n elements."""
+    one_block = n <= max_block
+    block = next_power_of_2(n) if one_block else WIDE_ROW_BLOCK
+    warps = min(MAX_WARPS, max(1, block // (target.warp_size * ELEMENTS_PER_THREAD)))
+    return block, one_block, warps
+
+
+def programs_per_problem(rows: int, target: Target, waves: int = 4) -> int:
+    """Programs for a kernel that loops over rows and keeps a per-program partial sum (weight gradients)."""
+    return max(1, min(rows, waves * target.num_sms))
+
+
+@triton.jit
+def sum_partials_kernel(
+    PARTIAL,  # (B, G, N) fp32
+    G,
+    N,
+    OUT,  # (B, N)
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """OUT[b, n] = sum_g PARTIAL[b, g, n]; grid (cdiv(N, BLOCK_N), B)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    b = tl.program_id(1).to(tl.int64)
+    acc = tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32)
+    for g0 in range(0, G, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        mask = (g[:, None] < G) & (cols[None, :] < N)
+        acc += tl.load(PARTIAL + (b * G + g[:, None]) * N + cols[None, :], mask=mask, other=0.0)
+    tl.store(OUT + b * N + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cols < N)
+
+
+def sum_partials(partial: str, out: str, batch: int, programs: int, n: int) -> Launch:
+    """Launch that reduces a (batch, programs, n) fp32 partial buffer to (batch, n)."""
+    block_n = min(256, next_power_of_2(n))
+    return Launch(
+        sum_partials_kernel,
+        grid=(cdiv(n, block_n), batch),
+        reads=(partial, programs, n),
+        writes=(out,),
+        constexprs=dict(BLOCK_G=16, BLOCK_N=block_n),
+        num_warps=4,
+    )

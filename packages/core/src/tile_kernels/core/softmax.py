@@ -1,0 +1,169 @@
+"""Softmax over one dim (the kernels work on the last; the adapters move any other dim there).
+
+    y = exp(x - max(x)) / sum(exp(x - max(x)))                  in fp32
+    dx = y * (dy - sum(dy * y))
+
+Rows of up to MAX_ROW_BLOCK elements live in registers (one read, one write). Wider rows are streamed: an online pass
+keeps a running max and rescaled sum per lane, a second pass writes the output. A row that is all -inf gives NaN, as in
+torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import triton
+import triton.language as tl
+
+from . import checks
+from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target
+from .registry import BadInput, Cost, OpInfo, register, round_to
+from .rows import row_block
+
+NAME = "softmax"
+
+
+@triton.jit
+def softmax_fwd_kernel(X, N, stride_x, Y, BLOCK_N: tl.constexpr, ONE_BLOCK: tl.constexpr):
+    """Grid (rows,): one program per row."""
+    row = tl.program_id(0).to(tl.int64)
+    x_ptr, y_ptr = X + row * stride_x, Y + row * N
+    if ONE_BLOCK:
+        cols = tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x = tl.load(x_ptr + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        e = tl.exp(x - tl.max(x, axis=0))
+        tl.store(y_ptr + cols, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=mask)
+    else:
+        m_lane = tl.full([BLOCK_N], -float("inf"), dtype=tl.float32)
+        s_lane = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            x = tl.load(x_ptr + cols, mask=cols < N, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m_lane, x)
+            seen = m_new > -float("inf")  # lanes that have met a finite value (avoids -inf - -inf)
+            s_lane = tl.where(seen, s_lane * tl.exp(m_lane - m_new) + tl.exp(x - m_new), 0.0)
+            m_lane = m_new
+        m = tl.max(m_lane, axis=0)
+        s = tl.sum(tl.where(m_lane > -float("inf"), s_lane * tl.exp(m_lane - m), 0.0), axis=0)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < N
+            x = tl.load(x_ptr + cols, mask=mask).to(tl.float32)
+            tl.store(y_ptr + cols, (tl.exp(x - m) / s).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_bwd_kernel(Y, DY, N, stride_y, stride_dy, DX, BLOCK_N: tl.constexpr, ONE_BLOCK: tl.constexpr):
+    """Grid (rows,): one program per row."""
+    row = tl.program_id(0).to(tl.int64)
+    y_ptr, dy_ptr, dx_ptr = Y + row * stride_y, DY + row * stride_dy, DX + row * N
+    if ONE_BLOCK:
+        cols = tl.arange(0, BLOCK_N)
+        mask = cols < N
+        y = tl.load(y_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + cols, (y * (dy - tl.sum(y * dy, axis=0))).to(DX.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < N
+            acc += tl.load(y_ptr + cols, mask=mask, other=0.0).to(tl.float32) * tl.load(
+                dy_ptr + cols, mask=mask, other=0.0
+            ).to(tl.float32)
+        dot = tl.sum(acc, axis=0)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < N
+            y = tl.load(y_ptr + cols, mask=mask).to(tl.float32)
+            dy = tl.load(dy_ptr + cols, mask=mask).to(tl.float32)
+            tl.store(dx_ptr + cols, (y * (dy - dot)).to(DX.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# validation and plans
+
+
+def check(x, dim=-1) -> int:
+    """Validates and returns the normalized dim."""
+    checks.check_float(NAME, "x", x)
+    return checks.normalize_dim(NAME, dim, len(x.shape))
+
+
+def _row_plan(kernel, rows: int, n: int, dtype: str, reads: tuple, out: str, target: Target) -> Plan:
+    empty = rows * n == 0
+    buffers = {out: BufferSpec((rows, n), dtype, zeroed=empty)}
+    launches = ()
+    if not empty:
+        block, one_block, warps = row_block(n, target)
+        constexprs = dict(BLOCK_N=block, ONE_BLOCK=one_block)
+        launches = (Launch(kernel, (rows,), reads, (out,), constexprs, num_warps=warps),)
+    return Plan(tuple(r for r in reads if isinstance(r, str)), buffers, launches, (out,))
+
+
+def forward(rows: int, n: int, *, dtype: str, target: Target, stride_x: int | None = None) -> Plan:
+    """Input x (rows of n, row stride stride_x); output y (rows, n)."""
+    return _row_plan(softmax_fwd_kernel, rows, n, dtype, ("x", n, n if stride_x is None else stride_x), "y", target)
+
+
+def backward(
+    rows: int, n: int, *, dtype: str, target: Target, stride_y: int | None = None, stride_dy: int | None = None
+) -> Plan:
+    """Inputs y (the forward's output), dy; output dx (rows, n)."""
+    reads = ("y", "dy", n, n if stride_y is None else stride_y, n if stride_dy is None else stride_dy)
+    return _row_plan(softmax_bwd_kernel, rows, n, dtype, reads, "dx", target)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# reference, cost, samples
+
+
+def reference(x, dim=-1, *, compute=np.float64):
+    xc = x.astype(compute)
+    e = np.exp(xc - np.max(xc, axis=dim, keepdims=True, initial=-np.inf))
+    return (e / np.sum(e, axis=dim, keepdims=True),)
+
+
+def reference_vjp(kwargs, cotangents):
+    dim = kwargs.get("dim", -1)
+    y = reference(kwargs["x"], dim)[0]
+    dy = cotangents[0].astype(np.float64)
+    return {"x": y * (dy - np.sum(dy * y, axis=dim, keepdims=True))}
+
+
+def cost(kwargs) -> tuple[Cost, Cost]:
+    x = kwargs["x"]
+    numel, item = int(np.prod(x.shape)), ITEMSIZE[str(x.dtype)]
+    return Cost(2 * numel * item, 5 * numel), Cost(3 * numel * item, 4 * numel)
+
+
+def sample(rng: np.random.Generator, shape, dtype: str, last_dim: bool = True) -> dict:
+    dim = -1
+    if not last_dim and len(shape) >= 2:
+        dim = int(rng.integers(-len(shape), -1))
+        if np.prod(shape) // max(shape[dim], 1) > 4096:  # keep the rows (programs) few for the interpreter
+            dim = -1
+    return {"x": round_to(rng.standard_normal(shape) * 3.0, dtype), "dim": dim}
+
+
+def bad_inputs(kwargs) -> list[BadInput]:
+    x = kwargs["x"]
+    return [
+        BadInput({"x": x.astype(np.int32)}, TypeError, "softmax: x must have dtype"),
+        BadInput({"dim": len(x.shape) + 1}, ValueError, "softmax: dim must be an int"),
+    ]
+
+
+INFO = register(
+    OpInfo(
+        name=NAME,
+        sample=sample,
+        options={"last_dim": (False, True)},
+        reference=reference,
+        reference_vjp=reference_vjp,
+        grad_args=("x",),
+        cost=cost,
+        bad_inputs=bad_inputs,
+        kernels=(softmax_fwd_kernel, softmax_bwd_kernel),
+    )
+)

@@ -1,0 +1,10 @@
+"""tile_kernels.jax: the core ops as JAX functions (jit, grad through custom_vjp, vmap folded into one launch).
+
+On a CUDA/ROCm backend the Triton kernels launch through jax-triton. On the CPU backend, TRITON_INTERPRET=1 (set
+before import) selects interpret mode: the same kernels run in Triton's interpreter inside a jax.pure_callback.
+Without either, a call raises a clear error; there is no silent fallback to a jnp implementation. No torch needed."""
+
+from .rms_norm import rms_norm
+from .softmax import softmax
+
+__all__ = ["rms_norm", "softmax"]

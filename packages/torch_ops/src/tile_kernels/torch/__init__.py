@@ -1,0 +1,9 @@
+"""tile_kernels.torch: the core ops as torch custom ops (torch.ops.tile_kernels.*), torch.compile-clean, with autograd.
+
+On CUDA/ROCm tensors the compiled Triton kernels run; on CPU tensors the same kernels run in Triton's interpreter when
+TRITON_INTERPRET=1 was set before import, and a call raises a clear error otherwise."""
+
+from .rms_norm import rms_norm, rms_norm_bwd, rms_norm_fwd
+from .softmax import softmax, softmax_bwd, softmax_fwd
+
+__all__ = ["rms_norm", "rms_norm_bwd", "rms_norm_fwd", "softmax", "softmax_bwd", "softmax_fwd"]

@@ -1,0 +1,55 @@
+"""torch adapter of tile_kernels.core.softmax: ops tile_kernels::softmax_fwd / softmax_bwd with autograd."""
+
+from __future__ import annotations
+
+import torch
+from torch.library import triton_op
+
+from tile_kernels.core import dtype_name
+from tile_kernels.core import softmax as core
+
+from ._runtime import as_rows, check_device, run_plan, target
+
+
+@triton_op("tile_kernels::softmax_fwd", mutates_args=())
+def softmax_fwd(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim."""
+    n = x.shape[-1]
+    x2, stride_x = as_rows(x, n)
+    plan = core.forward(x2.shape[0], n, dtype=dtype_name(x.dtype), target=target(x.device), stride_x=stride_x)
+    return run_plan(plan, x2, device=x.device)[0].view(x.shape)
+
+
+@triton_op("tile_kernels::softmax_bwd", mutates_args=())
+def softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    n = y.shape[-1]
+    y2, stride_y = as_rows(y, n)
+    dy2, stride_dy = as_rows(dy, n)
+    plan = core.backward(
+        y2.shape[0], n, dtype=dtype_name(y.dtype), target=target(y.device), stride_y=stride_y, stride_dy=stride_dy
+    )
+    return run_plan(plan, y2, dy2, device=y.device)[0].view(y.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return softmax_bwd(y, dy)
+
+
+softmax_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """As torch.nn.functional.softmax(x, dim); any dim other than the last is moved there and back."""
+    dim = core.check(x, dim)
+    check_device(core.NAME, x=x)
+    if x.dim() == 0:
+        return softmax_fwd(x.reshape(1)).reshape(())
+    last = x.dim() - 1
+    if dim == last:
+        return softmax_fwd(x)
+    return softmax_fwd(x.movedim(dim, last)).movedim(last, dim)

@@ -1,0 +1,140 @@
+"""Property tests of every registered op, through every framework driver, against the float64 references.
+
+Tolerance (flash-attention's rule, with output rounding as the same-dtype baseline): the max error of the kernel's
+output must be within 2x the error of rounding the float64 reference to the output dtype, plus one output-scale ulp
+(the interpreter rounds bfloat16 by truncation)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tile_kernels.core import REGISTRY
+from tile_kernels.core.registry import round_to
+
+DTYPES = ("float32", "float16", "bfloat16")
+ULP = {"float32": 1e-5, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+OPS = sorted(REGISTRY)
+# widths: small odd ones, and buckets around the in-register limit (16384) and the streamed path
+WIDTHS = st.one_of(st.integers(1, 300), st.sampled_from([512, 1000, 4096, 8193, 16384, 16385, 40000]))
+
+
+def assert_close(what: str, out: np.ndarray, ref: np.ndarray, dtype: str) -> None:
+    assert out.shape == ref.shape, f"{what}: shape {out.shape} != reference {ref.shape}"
+    if ref.size == 0:
+        return
+    baseline = np.abs(round_to(ref, dtype).astype(np.float64) - ref).max()
+    err = np.abs(out - ref).max()
+    bound = 2 * baseline + ULP[dtype] * max(1.0, np.abs(ref).max())
+    assert err <= bound, f"{what} ({dtype}): max error {err:.3g} > bound {bound:.3g} (rounding baseline {baseline:.3g})"
+
+
+@st.composite
+def problems(draw, op: str):
+    """(kwargs, layout seed) for one call of `op`: random leading dims (0-3 of them, zeros allowed), width, dtype,
+    options, and the layout the torch driver gives its tensors."""
+    info = REGISTRY[op]
+    n = draw(WIDTHS)
+    max_rows = max(1, min(64, (1 << 19) // n))
+    lead = draw(st.lists(st.integers(0, 6), max_size=3).filter(lambda s: math.prod(s) <= max_rows))
+    dtype = draw(st.sampled_from(DTYPES))
+    options = {k: draw(st.sampled_from(v)) for k, v in info.options.items()}
+    seed = draw(st.integers(0, 2**32 - 1))
+    layout = draw(st.sampled_from(("contiguous", "row_padded", "permuted")))
+    return info.sample(np.random.default_rng(seed), tuple(lead) + (n,), dtype, **options), layout, seed
+
+
+def _layout(driver, layout):
+    return layout if layout in driver.layouts else "contiguous"
+
+
+@pytest.mark.parametrize("op", OPS)
+@given(data=st.data())
+def test_forward_matches_reference(driver, op, data):
+    kwargs, layout, _ = data.draw(problems(op))
+    outs = driver.call(op, kwargs, _layout(driver, layout))
+    refs = REGISTRY[op].reference(**kwargs)
+    assert len(outs) == len(refs)
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        assert_close(f"{op} output {i}", out, ref, str(kwargs["x"].dtype))
+
+
+@pytest.mark.parametrize("op", OPS)
+@given(data=st.data())
+def test_gradients_match_reference(driver, op, data):
+    info = REGISTRY[op]
+    kwargs, layout, seed = data.draw(problems(op))
+    dtype = str(kwargs["x"].dtype)
+    refs = info.reference(**kwargs)
+    rng = np.random.default_rng(seed + 1)
+    cotangents = tuple(round_to(rng.standard_normal(r.shape), dtype) for r in refs)
+    outs, grads = driver.vjp(op, kwargs, info.grad_args, cotangents, _layout(driver, layout))
+    ref_grads = info.reference_vjp(kwargs, cotangents)
+    assert set(grads) == set(ref_grads)
+    for name, grad in grads.items():
+        assert_close(f"{op} d{name}", grad, ref_grads[name], str(kwargs[name].dtype))
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("shape", [(2, 262144), (3, 65536 + 7)], ids=["256K", "64K+7"])
+def test_wide_rows_forward_and_backward(driver, op, shape):
+    """The streamed path at the widths named in the issue (bfloat16, the common training dtype)."""
+    info = REGISTRY[op]
+    kwargs = info.sample(np.random.default_rng(0), shape, "bfloat16", **{k: v[-1] for k, v in info.options.items()})
+    refs = info.reference(**kwargs)
+    cotangents = tuple(round_to(np.random.default_rng(1).standard_normal(r.shape), "bfloat16") for r in refs)
+    outs, grads = driver.vjp(op, kwargs, info.grad_args, cotangents)
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        assert_close(f"{op} output {i}", out, ref, "bfloat16")
+    for name, ref in info.reference_vjp(kwargs, cotangents).items():
+        assert_close(f"{op} d{name}", grads[name], ref, "bfloat16")
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("shape", [(0, 16), (3, 0, 8), (4, 0)], ids=["no-rows", "no-rows-3d", "no-cols"])
+def test_empty_inputs_give_empty_outputs_and_zero_weight_grads(driver, op, shape):
+    info = REGISTRY[op]
+    kwargs = info.sample(np.random.default_rng(0), shape, "float32")
+    cotangents = tuple(np.zeros(shape, np.float32) for _ in info.reference(**kwargs))
+    outs, grads = driver.vjp(op, kwargs, info.grad_args, cotangents)
+    assert all(o.shape == shape for o in outs)
+    for name, grad in grads.items():
+        assert grad.shape == kwargs[name].shape
+        assert np.all(grad == 0), f"d{name} of an empty input must be zeros"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bad_inputs_raise_clear_errors(driver, op):
+    info = REGISTRY[op]
+    kwargs = info.sample(np.random.default_rng(0), (3, 17), "float32", **{k: v[-1] for k, v in info.options.items()})
+    for bad in info.bad_inputs(kwargs):
+        with pytest.raises(bad.error, match=bad.match):
+            driver.call(op, {**kwargs, **bad.changes})
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_references_agree_with_finite_differences(op):
+    """The float64 reference VJPs that everything is checked against are themselves checked numerically."""
+    info = REGISTRY[op]
+    rng = np.random.default_rng(0)
+    kwargs = info.sample(rng, (3, 5), "float32", **{k: v[-1] for k, v in info.options.items()})
+    kwargs = {k: v.astype(np.float64) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
+    cotangents = tuple(rng.standard_normal(r.shape) for r in info.reference(**kwargs))
+    grads = info.reference_vjp(kwargs, cotangents)
+
+    def objective(**kw):
+        return sum(np.sum(o * c) for o, c in zip(info.reference(**kw), cotangents))
+
+    eps = 1e-6
+    for name, grad in grads.items():
+        numeric = np.zeros_like(kwargs[name])
+        for idx in np.ndindex(numeric.shape):
+            plus, minus = kwargs[name].copy(), kwargs[name].copy()
+            plus[idx] += eps
+            minus[idx] -= eps
+            numeric[idx] = (objective(**{**kwargs, name: plus}) - objective(**{**kwargs, name: minus})) / (2 * eps)
+        np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-6, err_msg=f"{op} d{name}")
