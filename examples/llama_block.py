@@ -45,7 +45,7 @@ def block(ops, np_like, x, r, w1, w2, wq, wk, wv, wo, heads):
 
     q, k, v = split(h1 @ wq), split(h1 @ wk), split(h1 @ wv)
     scores = (q @ np_like.swapaxes(k, -1, -2)) * hd**-0.5
-    causal = np_like.tril(np_like.ones((s, s), dtype=bool))
+    causal = np_like.tril(np_like.ones_like(scores[0, 0], dtype=bool))
     p = ops.softmax(np_like.where(causal, scores, -float("inf")), dim=-1)
     attn = np_like.swapaxes(p @ v, 1, 2).reshape(b, s, d)
     return ops.rms_norm(attn @ wo, w2, 1e-6, residual=x1)

@@ -54,11 +54,12 @@ class Launch:
     num_warps: int = 4
     num_stages: int = 2
 
-    def arguments(self, bufs: Mapping[str, Any]) -> list:
+    def arguments(self, bufs: Mapping[str, Any], with_writes: bool = True) -> list:
         """Positional kernel arguments: buffers looked up in `bufs`; an absent pointer gets the launch's first buffer
-        (any valid pointer: the kernel never dereferences it)."""
+        (any valid pointer: the kernel never dereferences it). jax-triton appends the written buffers itself."""
         anchor = next(bufs[a] for a in self.reads if isinstance(a, str))
-        return [bufs[a] if isinstance(a, str) else anchor if a is None else a for a in self.reads + self.writes]
+        names = self.reads + (self.writes if with_writes else ())
+        return [bufs[a] if isinstance(a, str) else anchor if a is None else a for a in names]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -46,22 +47,35 @@ def _dtype(name: str):
     return jnp.dtype(name)
 
 
+@functools.lru_cache(maxsize=None)
+def _import_jax_triton():
+    """jax-triton (0.3.1) sets TRITON_CACHE_DIR="" at import, which breaks every later Triton launch in the process
+    that inits Triton's driver (torch ops beside JAX ones). Import it with the caller's setting put back."""
+    saved = os.environ.get("TRITON_CACHE_DIR")
+    import jax_triton
+
+    if saved is None:
+        os.environ.pop("TRITON_CACHE_DIR", None)
+    else:
+        os.environ["TRITON_CACHE_DIR"] = saved
+    return jax_triton
+
+
 def run_plan(plan: Plan, kind: str, *inputs: jax.Array) -> tuple[jax.Array, ...]:
     specs = [jax.ShapeDtypeStruct(plan.buffers[n].shape, _dtype(plan.buffers[n].dtype)) for n in plan.outputs]
     if kind == "interpret":
         return tuple(jax.pure_callback(functools.partial(host.run_plan, plan), specs, *inputs))
-    import jax_triton
-
+    jax_triton = _import_jax_triton()
     bufs = dict(zip(plan.inputs, inputs, strict=True))
     for launch in plan.launches:
         # jax-triton passes Python floats as fp64; Triton's launcher (torch, interpreter) as fp32
-        args = [np.float32(a) if isinstance(a, float) else a for a in launch.arguments(bufs)[: len(launch.reads)]]
+        args = [np.float32(a) if isinstance(a, float) else a for a in launch.arguments(bufs, with_writes=False)]
         out_shape = [
             jax.ShapeDtypeStruct((1,), jnp.float32) if w is None
             else jax.ShapeDtypeStruct(plan.buffers[w].shape, _dtype(plan.buffers[w].dtype))
             for w in launch.writes
         ]  # fmt: skip
-        zeroed = [i for i, w in enumerate(launch.writes) if w is not None and plan.buffers[w].zeroed]
+        zeroed = tuple(i for i, w in enumerate(launch.writes) if w is not None and plan.buffers[w].zeroed)
         results = jax_triton.triton_call(
             *args, kernel=launch.kernel, out_shape=out_shape, grid=launch.grid, num_warps=launch.num_warps,
             num_stages=launch.num_stages, zeroed_outputs=zeroed, **launch.constexprs,

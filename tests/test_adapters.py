@@ -1,0 +1,234 @@
+"""Framework-specific guarantees of the adapters: JAX jit / vmap-as-one-launch / grad-of-vmap, torch opcheck and
+torch.compile, clear device errors, and the import boundaries between core, torch and JAX."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import DEVICE
+from drivers import DRIVERS
+
+needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
+needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
+ROOTS = [os.path.join(os.path.dirname(__file__), "..", "packages", p, "src") for p in ("core", "torch_ops", "jax_ops")]
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(ROOTS + [os.environ.get("PYTHONPATH", "")]), **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=environ)
+
+
+# ---------------------------------------------------------------------------------------------------------------- JAX
+
+
+def _kernel_calls(jaxpr) -> int:
+    """Kernel launches in a jaxpr: jax-triton calls on a GPU, host callbacks in interpret mode."""
+    text = str(jaxpr)
+    return text.count("triton_kernel_call[") + text.count("pure_callback[")
+
+
+@needs_jax
+def test_jax_jit_matches_eager():
+    import jax
+    import jax.numpy as jnp
+
+    import tile_kernels.jax as tk
+
+    x = jax.random.normal(jax.random.key(0), (4, 33, 96), jnp.float32)
+    w = jax.random.normal(jax.random.key(1), (96,), jnp.float32)
+    np.testing.assert_array_equal(jax.jit(tk.rms_norm)(x, w), tk.rms_norm(x, w))
+    np.testing.assert_array_equal(jax.jit(tk.softmax, static_argnums=1)(x, 1), tk.softmax(x, 1))
+
+
+@needs_jax
+@pytest.mark.parametrize("weight_batched", [False, True])
+def test_jax_vmap_is_one_launch_and_matches_a_loop(weight_batched):
+    import jax
+    import jax.numpy as jnp
+
+    import tile_kernels.jax as tk
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(keys[0], (5, 7, 64), jnp.float32)
+    r = jax.random.normal(keys[1], (5, 7, 64), jnp.float32)
+    w = jax.random.normal(keys[2], (5, 64) if weight_batched else (64,), jnp.float32)
+    w_axis = 0 if weight_batched else None
+
+    def f(x, w, r):
+        return tk.rms_norm(x, w, 1e-6, residual=r)
+
+    assert _kernel_calls(jax.make_jaxpr(jax.vmap(f, in_axes=(0, w_axis, 0)))(x, w, r)) == 1
+    batched = jax.vmap(f, in_axes=(0, w_axis, 0))(x, w, r)
+    for i in range(5):
+        single = f(x[i], w[i] if weight_batched else w, r[i])
+        for got, want in zip(batched, single):
+            np.testing.assert_allclose(got[i], want, rtol=1e-6, atol=1e-6)
+
+    sm = jax.vmap(lambda t: tk.softmax(t, -1))
+    assert _kernel_calls(jax.make_jaxpr(sm)(x)) == 1
+    np.testing.assert_allclose(sm(x), tk.softmax(x), rtol=1e-6, atol=1e-7)
+
+
+@needs_jax
+def test_jax_per_example_weight_grads_under_vmap():
+    """vmap(grad) gives each example its own weight gradient (the batch is folded per problem, not summed)."""
+    import jax
+    import jax.numpy as jnp
+
+    import tile_kernels.jax as tk
+
+    x = jax.random.normal(jax.random.key(0), (3, 4, 32), jnp.float32)
+    w = jax.random.normal(jax.random.key(1), (32,), jnp.float32)
+
+    def loss(x, w):
+        return jnp.sum(tk.rms_norm(x, w) * jnp.arange(32.0))
+
+    per_example = jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(0, None))(x, w)
+    for i in range(3):
+        dx, dw = jax.grad(loss, argnums=(0, 1))(x[i], w)
+        np.testing.assert_allclose(per_example[0][i], dx, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(per_example[1][i], dw, rtol=1e-5, atol=1e-6)
+
+
+@needs_jax
+@pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU error path")
+def test_jax_without_interpreter_on_cpu_raises_clear_error():
+    out = _python(
+        """
+        import jax.numpy as jnp, tile_kernels.jax as tk
+        try:
+            tk.softmax(jnp.ones((2, 3)))
+        except ValueError as e:
+            print("ERR", e)
+        """,
+        TRITON_INTERPRET="0",
+    )
+    assert "ERR softmax:" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stdout + out.stderr
+
+
+@needs_jax
+@pytest.mark.skipif(DEVICE != "cpu", reason="interpret mode is the CPU path")
+def test_jax_interpret_mode_needs_no_torch():
+    out = _python(
+        """
+        import sys
+
+        class NoTorch:  # any import of torch now fails
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "torch":
+                    raise ImportError("torch is not installed")
+
+        sys.meta_path.insert(0, NoTorch())
+        import jax, jax.numpy as jnp, tile_kernels.jax as tk
+        x = jax.random.normal(jax.random.key(0), (3, 40))
+        y, h = jax.jit(lambda x: tk.rms_norm(x, jnp.ones(40), residual=x))(x)
+        g = jax.grad(lambda x: tk.softmax(x).max())(x)
+        print("OK", float(jnp.abs(h - 2 * x).max()), g.shape, "torch" in sys.modules)
+        """,
+        TRITON_INTERPRET="1",
+    )
+    assert "OK 0.0 (3, 40) False" in out.stdout, out.stdout + out.stderr
+
+
+# -------------------------------------------------------------------------------------------------------------- torch
+
+
+def _torch_device():
+    return "cuda" if DEVICE == "gpu" else "cpu"
+
+
+@needs_torch
+def test_torch_opcheck():
+    import torch
+
+    import tile_kernels.torch  # noqa: F401  (registers the ops)
+
+    dev = _torch_device()
+    # AOT-dispatch tracing records the kernels as graph nodes, which the interpreter cannot provide: GPU only
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    if DEVICE == "gpu":
+        utils += ("test_aot_dispatch_dynamic",)
+    x = torch.randn(5, 3, 48, device=dev, requires_grad=True)
+    w = torch.randn(48, device=dev, requires_grad=True)
+    r = torch.randn(5, 3, 48, device=dev, requires_grad=True)
+    ops = torch.ops.tile_kernels
+    y = torch.softmax(x.detach(), -1)
+    rstd = torch.rsqrt(x.detach().pow(2).mean(-1) + 1e-6)
+    for op, args in [
+        (ops.rms_norm_bwd.default, (torch.randn_like(y), x.detach(), w.detach(), rstd, torch.randn_like(y))),
+        (ops.rms_norm_fwd.default, (x, w, r, 1e-6)),
+        (ops.rms_norm_fwd.default, (x, w, None, 1e-5)),
+        (ops.softmax_fwd.default, (x,)),
+        (ops.softmax_bwd.default, (y, torch.randn_like(y))),
+    ]:
+        result = torch.library.opcheck(op, args, test_utils=utils)
+        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "gpu", reason="torch.compile cannot compile Triton kernels in the interpreter")
+def test_torch_compile_fullgraph_matches_eager():
+    import torch
+
+    import tile_kernels.torch as tk
+
+    def block(x, w, r):
+        y, h = tk.rms_norm(x, w, 1e-6, residual=r)
+        return tk.softmax(y @ y.transpose(-1, -2), -1), h
+
+    x = torch.randn(2, 64, 256, device="cuda", requires_grad=True)
+    w = torch.randn(256, device="cuda", requires_grad=True)
+    r = torch.randn(2, 64, 256, device="cuda")
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    got, want = compiled(x, w, r), block(x, w, r)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    (got[0].sum() + got[1].sum()).backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    (want[0].sum() + want[1].sum()).backward()
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(gw, w.grad)
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU error path")
+def test_torch_cpu_tensors_without_interpreter_raise_clear_error():
+    out = _python(
+        """
+        import torch, tile_kernels.torch as tk
+        try:
+            tk.rms_norm(torch.ones(2, 3), torch.ones(3))
+        except ValueError as e:
+            print("ERR", e)
+        """,
+        TRITON_INTERPRET="0",
+    )
+    assert "ERR rms_norm: got CPU tensors" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stdout + out.stderr
+
+
+@needs_torch
+def test_torch_mixed_devices_raise():
+    import torch
+
+    import tile_kernels.torch as tk
+
+    if DEVICE != "gpu":
+        pytest.skip("needs a second device kind")
+    with pytest.raises(ValueError, match="rms_norm: all tensors must be on one device"):
+        tk.rms_norm(torch.ones(2, 3, device="cuda"), torch.ones(3))
+
+
+# ---------------------------------------------------------------------------------------------------------- packaging
+
+
+def test_core_imports_neither_torch_nor_jax():
+    out = _python('import sys, tile_kernels.core; print("LOADED", "torch" in sys.modules, "jax" in sys.modules)')
+    assert "LOADED False False" in out.stdout, out.stdout + out.stderr
