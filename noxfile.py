@@ -47,7 +47,9 @@ def gpu_tests(session, vendor):
         else:
             session.install("torch")
     session.install("-e", ".[test]", "jax-triton>=0.3.1,<0.5", "ml_dtypes")
-    check = "import torch, sys; ok = torch.cuda.is_available() and (torch.version.hip is not None) == {}; sys.exit(not ok)"
+    check = (
+        "import torch, sys; ok = torch.cuda.is_available() and (torch.version.hip is not None) == {}; sys.exit(not ok)"
+    )
     session.run("python", "-c", check.format(vendor == "rocm"), external=True)
     env = {"TILE_KERNELS_TEST_DEVICE": "gpu", "HYPOTHESIS_PROFILE": "gpu", "TRITON_INTERPRET": "0"}
     if vendor == "rocm":

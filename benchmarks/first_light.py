@@ -118,7 +118,10 @@ def main():
         for op, (fns, leaves, kwargs) in torch_cases(shape, dtype).items():
             cost_fwd, cost_bwd = REGISTRY[op].cost({k: _Shape(v) for k, v in kwargs.items()})
             for name, fn in fns.items():
-                for direction, cost, ms in (("fwd", cost_fwd, do_bench(fn)), ("bwd", cost_bwd, bench_backward(fn, leaves))):
+                for direction, cost, ms in (
+                    ("fwd", cost_fwd, do_bench(fn)),
+                    ("bwd", cost_bwd, bench_backward(fn, leaves)),
+                ):
                     results.append(dict(op=op, shape=list(shape), direction=direction, impl=name, ms=ms,
                                         gbs=cost.bytes / ms / 1e6))  # fmt: skip
             if not args.no_jax:

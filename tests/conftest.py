@@ -12,9 +12,8 @@ if DEVICE == "cpu":
 os.environ.setdefault("TILE_KERNELS_POISON", "1")
 
 import pytest  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
-
 from drivers import DRIVERS  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("dev", max_examples=15, **_common)

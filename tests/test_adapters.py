@@ -10,7 +10,6 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from conftest import DEVICE
 from drivers import DRIVERS
 

@@ -21,7 +21,7 @@ def interpreting() -> bool:
 
 
 def poisoning() -> bool:
-    """TILE_KERNELS_POISON=1 fills every buffer with NaN before a plan runs (tests use it to catch unwritten outputs)."""
+    """TILE_KERNELS_POISON=1 fills every buffer with NaN before a plan runs (tests catch unwritten outputs)."""
     return os.environ.get("TILE_KERNELS_POISON", "0") not in ("", "0")
 
 

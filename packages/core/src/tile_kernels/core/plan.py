@@ -13,8 +13,9 @@ touch it (a constexpr flag says so); executors pass another buffer of the launch
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8}

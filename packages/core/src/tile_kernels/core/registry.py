@@ -6,8 +6,9 @@ inputs with `sample`, runs them through every framework adapter and compares aga
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 

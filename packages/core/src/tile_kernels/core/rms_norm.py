@@ -264,9 +264,15 @@ def bad_inputs(kwargs) -> list[BadInput]:
     x, weight = kwargs["x"], kwargs["weight"]
     return [
         BadInput({"x": x.astype(np.int32)}, TypeError, "rms_norm: x must have dtype"),
-        BadInput({"weight": np.zeros(weight.shape[0] + 1, weight.dtype)}, ValueError, "rms_norm: weight must have shape"),
+        BadInput(
+            {"weight": np.zeros(weight.shape[0] + 1, weight.dtype)}, ValueError, "rms_norm: weight must have shape"
+        ),
         BadInput({"residual": np.zeros(x.shape + (1,), x.dtype)}, ValueError, "rms_norm: residual must have shape"),
-        BadInput({"residual": x.astype(np.float16 if x.dtype != np.float16 else np.float32)}, TypeError, "rms_norm: residual must have dtype"),
+        BadInput(
+            {"residual": x.astype(np.float16 if x.dtype != np.float16 else np.float32)},
+            TypeError,
+            "rms_norm: residual must have dtype",
+        ),
         BadInput({"eps": 0.0}, ValueError, "rms_norm: eps must be > 0"),
     ]
 

@@ -17,8 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tile_kernels.core import Plan, Target
-from tile_kernels.core import host
+from tile_kernels.core import Plan, Target, host
 
 
 def mode(op: str) -> str:
@@ -34,7 +33,7 @@ def mode(op: str) -> str:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def target(kind: str) -> Target:
     if kind == "interpret":
         return Target()
@@ -47,7 +46,7 @@ def _dtype(name: str):
     return jnp.dtype(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _import_jax_triton():
     """jax-triton (0.3.1) sets TRITON_CACHE_DIR="" at import, which breaks every later Triton launch in the process
     that inits Triton's driver (torch ops beside JAX ones). Import it with the caller's setting put back."""

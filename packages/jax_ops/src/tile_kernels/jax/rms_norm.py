@@ -12,7 +12,7 @@ from tile_kernels.core import rms_norm as core
 from ._runtime import as_problem, mode, problem_batched, run_plan, target
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward_call(eps: float, has_residual: bool):
     def call(x3, w2, *residual3):
         kind = mode(core.NAME)
@@ -26,7 +26,7 @@ def _forward_call(eps: float, has_residual: bool):
     return problem_batched(call, shareable=(False, True, False))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _backward_call(has_dh: bool):
     def call(dy3, h3, w2, rstd2, *dh3):
         kind = mode(core.NAME)

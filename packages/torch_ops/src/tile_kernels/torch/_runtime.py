@@ -32,7 +32,7 @@ def check_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
     return device
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_target(index: int) -> Target:
     props = torch.cuda.get_device_properties(index)
     warp = getattr(props, "warp_size", 64 if torch.version.hip else 32)
