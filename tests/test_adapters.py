@@ -165,6 +165,8 @@ def test_torch_opcheck():
         (ops.rms_norm_fwd.default, (x, w, None, 1e-5)),
         (ops.softmax_fwd.default, (x,)),
         (ops.softmax_bwd.default, (y, torch.randn_like(y))),
+        (ops.rms_norm.default, (x, w, 1e-6, r)),  # the public composite ops
+        (ops.softmax.default, (x, 1)),
     ]:
         result = torch.library.opcheck(op, args, test_utils=utils)
         assert all(v == "SUCCESS" for v in result.values()), (op, result)

@@ -13,6 +13,15 @@ from torch.library import wrap_triton
 from tile_kernels.core import Plan, Target
 from tile_kernels.core.host import interpreting, poisoning
 
+_LIBRARY = torch.library.Library("tile_kernels", "FRAGMENT")
+
+
+def register_public_op(schema: str, fn) -> None:
+    """torch.ops.tile_kernels.<name>: the public function as a composite op, differentiable through the _fwd op's
+    registered autograd."""
+    _LIBRARY.define(schema)
+    _LIBRARY.impl(schema.split("(")[0], fn, "CompositeImplicitAutograd")
+
 
 def check_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
     """All tensors on one device, and that device can run the kernels. Returns the device."""

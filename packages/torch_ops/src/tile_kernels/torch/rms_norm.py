@@ -8,7 +8,7 @@ from torch.library import triton_op
 from tile_kernels.core import dtype_name
 from tile_kernels.core import rms_norm as core
 
-from ._runtime import as_rows, check_device, run_plan, target
+from ._runtime import as_rows, check_device, register_public_op, run_plan, target
 
 NO_TENSOR = (0,)  # shape of the placeholder returned for h when there is no residual
 
@@ -72,3 +72,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual:
     check_device(core.NAME, x=x, weight=weight, residual=residual)
     y, h, _ = rms_norm_fwd(x, weight, residual, float(eps))
     return y if residual is None else (y, h)
+
+
+register_public_op(
+    "rms_norm(Tensor x, Tensor weight, float eps=1e-06, Tensor? residual=None) -> Tensor[]",
+    lambda x, weight, eps=1e-6, residual=None: (
+        [rms_norm(x, weight, eps)] if residual is None else list(rms_norm(x, weight, eps, residual))
+    ),
+)

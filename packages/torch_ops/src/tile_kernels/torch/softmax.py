@@ -8,7 +8,7 @@ from torch.library import triton_op
 from tile_kernels.core import dtype_name
 from tile_kernels.core import softmax as core
 
-from ._runtime import as_rows, check_device, run_plan, target
+from ._runtime import as_rows, check_device, register_public_op, run_plan, target
 
 
 @triton_op("tile_kernels::softmax_fwd", mutates_args=())
@@ -53,3 +53,6 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if dim == last:
         return softmax_fwd(x)
     return softmax_fwd(x.movedim(dim, last)).movedim(last, dim)
+
+
+register_public_op("softmax(Tensor x, int dim=-1) -> Tensor", softmax)
