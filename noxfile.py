@@ -1,4 +1,4 @@
-"""Sessions: tests (CPU, Triton interpreter), gpu_tests-cuda, gpu_tests-rocm, example, lint.
+"""Sessions: tests (CPU, Triton interpreter), gpu_tests-cuda, gpu_tests-rocm, aot, example, lint.
 
 `nox -l` lists them. The CPU sessions install torch's CPU build first (TILE_KERNELS_TORCH overrides the requirement),
 so that nothing later pulls a multi-GB CUDA build."""
@@ -70,6 +70,14 @@ def example(session):
     """The README's example: a Llama block's norm + softmax path in torch and JAX vs the plain frameworks."""
     _install_cpu_stack(session)
     session.run("python", "examples/llama_block.py", *session.posargs)
+
+
+@nox.session
+def aot(session):
+    """Compile every kernel configuration for cuda sm_80/90/100 and hip gfx90a/942/950, no GPU needed.
+    Arguments go to `tile-kernels aot` (e.g. -- --target hip:gfx942 --out prebuilt/)."""
+    session.install("-e", ".")
+    session.run("tile-kernels", "aot", *session.posargs, env={"TRITON_INTERPRET": "0"})
 
 
 @nox.session

@@ -65,7 +65,7 @@ class Launch:
 
 @dataclass(frozen=True)
 class Plan:
-    inputs: tuple[str, ...]  # names the caller binds to its arrays, in this order
+    inputs: Mapping[str, str]  # name -> dtype of the arrays the caller binds, in this order
     buffers: Mapping[str, BufferSpec]  # allocated by the executor
     launches: tuple[Launch, ...]
     outputs: tuple[str, ...]  # names returned, in this order
@@ -82,6 +82,10 @@ class Plan:
             for name in launch.reads:
                 if isinstance(name, str) and name not in known:
                     raise AssertionError(f"{launch.kernel} reads unknown buffer {name!r}")
+
+
+def dtype_of(plan: Plan, name: str) -> str:
+    return plan.inputs[name] if name in plan.inputs else plan.buffers[name].dtype
 
 
 def next_power_of_2(n: int) -> int:

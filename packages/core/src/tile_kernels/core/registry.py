@@ -6,7 +6,7 @@ inputs with `sample`, runs them through every framework adapter and compares aga
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,8 @@ class OpInfo:
     cost: Callable[[dict], tuple[Cost, Cost]]
     # bad_inputs(kwargs) -> invalid variants of a valid call
     bad_inputs: Callable[[dict], list[BadInput]]
-    kernels: tuple  # every Triton kernel the op launches
+    # plans(target) -> every launch configuration the op can choose on that target (the AOT compile matrix)
+    plans: Callable[[Any], Iterable[Any]]
 
 
 REGISTRY: dict[str, OpInfo] = {}

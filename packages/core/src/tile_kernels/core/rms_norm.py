@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target
 from .registry import BadInput, Cost, OpInfo, register, round_to
-from .rows import programs_per_problem, row_block, sum_partials
+from .rows import WIDTH_BUCKETS, programs_per_problem, row_block, sum_partials
 
 NAME = "rms_norm"
 
@@ -169,7 +169,7 @@ def forward(
                 num_warps=warps,
             ),
         )  # fmt: skip
-    inputs = ("x", "weight") + (("residual",) if has_residual else ())
+    inputs = {"x": x_dtype, "weight": weight_dtype} | ({"residual": x_dtype} if has_residual else {})
     return Plan(inputs, buffers, launches, tuple(buffers))
 
 
@@ -203,7 +203,9 @@ def backward(
             ),
             sum_partials("dw_partial", "dweight", batch, programs, n),
         )  # fmt: skip
-    inputs = ("dy", "h", "weight", "rstd") + (("dh",) if has_dh else ())
+    inputs = {"dy": x_dtype, "h": x_dtype, "weight": weight_dtype, "rstd": "float32"} | (
+        {"dh": x_dtype} if has_dh else {}
+    )
     return Plan(inputs, buffers, launches, ("dx", "dweight"))
 
 
@@ -277,6 +279,15 @@ def bad_inputs(kwargs) -> list[BadInput]:
     ]
 
 
+def plans(target: Target):
+    for dtype in FLOAT_DTYPES:
+        for n in WIDTH_BUCKETS:
+            for residual in (False, True):
+                kw = dict(x_dtype=dtype, weight_dtype=dtype, target=target)
+                yield forward(1, 4, n, has_residual=residual, eps=1e-6, **kw)
+                yield backward(1, 4, n, has_dh=residual, **kw)
+
+
 INFO = register(
     OpInfo(
         name=NAME,
@@ -287,6 +298,6 @@ INFO = register(
         grad_args=("x", "weight", "residual"),
         cost=cost,
         bad_inputs=bad_inputs,
-        kernels=(rms_norm_fwd_kernel, rms_norm_bwd_kernel),
+        plans=plans,
     )
 )

@@ -16,6 +16,9 @@ MAX_ROW_BLOCK = 16384  # elements held in registers per row (fp32 after upcast: 
 WIDE_ROW_BLOCK = 4096  # chunk of a streamed row
 ELEMENTS_PER_THREAD = 8  # one 16-byte vector of bf16 per thread per tensor
 MAX_WARPS = 16  # 1024 threads on a 64-wide wavefront machine
+# one width per BLOCK_N bucket of the in-register path (1, 2, 4, ..., 16384) and one streamed width: the row-wise
+# ops' ahead-of-time compile matrix covers every configuration their heuristics can choose
+WIDTH_BUCKETS = (1,) + tuple(2**k + 1 for k in range(14)) + (4 * MAX_ROW_BLOCK + 1,)
 
 
 def row_block(n: int, target: Target, max_block: int = MAX_ROW_BLOCK) -> tuple[int, bool, int]:

@@ -15,9 +15,9 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target
 from .registry import BadInput, Cost, OpInfo, register, round_to
-from .rows import row_block
+from .rows import WIDTH_BUCKETS, row_block
 
 NAME = "softmax"
 
@@ -98,7 +98,7 @@ def _row_plan(kernel, rows: int, n: int, dtype: str, reads: tuple, out: str, tar
         block, one_block, warps = row_block(n, target)
         constexprs = dict(BLOCK_N=block, ONE_BLOCK=one_block)
         launches = (Launch(kernel, (rows,), reads, (out,), constexprs, num_warps=warps),)
-    return Plan(tuple(r for r in reads if isinstance(r, str)), buffers, launches, (out,))
+    return Plan({r: dtype for r in reads if isinstance(r, str)}, buffers, launches, (out,))
 
 
 def forward(rows: int, n: int, *, dtype: str, target: Target, stride_x: int | None = None) -> Plan:
@@ -154,6 +154,13 @@ def bad_inputs(kwargs) -> list[BadInput]:
     ]
 
 
+def plans(target: Target):
+    for dtype in FLOAT_DTYPES:
+        for n in WIDTH_BUCKETS:
+            yield forward(4, n, dtype=dtype, target=target)
+            yield backward(4, n, dtype=dtype, target=target)
+
+
 INFO = register(
     OpInfo(
         name=NAME,
@@ -164,6 +171,6 @@ INFO = register(
         grad_args=("x",),
         cost=cost,
         bad_inputs=bad_inputs,
-        kernels=(softmax_fwd_kernel, softmax_bwd_kernel),
+        plans=plans,
     )
 )

@@ -1,0 +1,187 @@
+"""Ahead-of-time compile matrix: every launch configuration of every registered op, for NVIDIA and AMD targets.
+
+The configurations come from the ops' own plan builders (`OpInfo.plans(target)`), run with the target's warp width,
+so the matrix holds exactly what the heuristics can choose on that target. Each one is compiled with
+`triton.compile(ASTSource(...), target=GPUTarget(...))` — no GPU needed — and checked against the target's shared
+memory. Failures name the kernel, the configuration and the target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from .host import interpreting
+from .plan import Launch, Plan, Target, dtype_of
+from .registry import REGISTRY
+
+_TRITON_TYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32": "i32", "int64": "i64"}
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    backend: str  # "cuda" | "hip"
+    arch: int | str  # 90 | "gfx942"
+    warp_size: int
+    num_sms: int  # representative; only sizes persistent grids
+    shared_bytes: int  # per-block shared memory (LDS) limit
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend}:{self.arch}"
+
+    def gpu_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget(self.backend, self.arch, self.warp_size)
+
+
+TARGETS = {
+    t.name: t
+    for t in (
+        TargetSpec("cuda", 80, 32, 108, 163 * 1024),
+        TargetSpec("cuda", 90, 32, 132, 227 * 1024),
+        TargetSpec("cuda", 100, 32, 148, 227 * 1024),
+        TargetSpec("hip", "gfx90a", 64, 110, 64 * 1024),
+        TargetSpec("hip", "gfx942", 64, 304, 64 * 1024),
+        TargetSpec("hip", "gfx950", 64, 256, 160 * 1024),
+    )
+}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    op: str
+    kernel: object  # the @triton.jit function
+    signature: tuple[tuple[str, str], ...]  # (parameter, Triton type or "constexpr")
+    constexprs: tuple[tuple[str, object], ...]
+    num_warps: int
+    num_stages: int
+
+    @property
+    def kernel_name(self) -> str:
+        return self.kernel.fn.__name__
+
+    def describe(self) -> str:
+        consts = ", ".join(f"{k}={v}" for k, v in self.constexprs)
+        types = ",".join(t for _, t in self.signature if t != "constexpr")
+        return f"{self.op}/{self.kernel_name}[{consts}; num_warps={self.num_warps}; ({types})]"
+
+
+def _config(op: str, plan: Plan, launch: Launch) -> KernelConfig:
+    params = launch.kernel.arg_names
+    signature, constexprs = {}, dict(launch.constexprs)
+    for name, value in zip(params, launch.reads + launch.writes, strict=False):
+        if isinstance(value, str):
+            signature[name] = "*" + _TRITON_TYPE[dtype_of(plan, value)]
+        elif value is None:  # absent pointer: the executors pass another buffer of the launch
+            first = next(v for v in launch.reads if isinstance(v, str))
+            signature[name] = "*" + _TRITON_TYPE[dtype_of(plan, first)]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        elif value == 1:  # Triton's launcher specializes integer 1 into a constant
+            constexprs[name] = 1
+        else:
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+    for name in constexprs:
+        signature[name] = "constexpr"
+    ordered = tuple((p, signature[p]) for p in params)
+    return KernelConfig(op, launch.kernel, ordered, tuple(sorted(constexprs.items())), launch.num_warps,
+                        launch.num_stages)  # fmt: skip
+
+
+def configs(target: TargetSpec, ops: Iterable[str] | None = None) -> list[KernelConfig]:
+    """The distinct kernel configurations of the registered ops on `target`, in a stable order."""
+    seen: dict = {}
+    plan_target = Target(warp_size=target.warp_size, num_sms=target.num_sms)
+    for op in sorted(ops or REGISTRY):
+        for plan in REGISTRY[op].plans(plan_target):
+            for launch in plan.launches:
+                cfg = _config(op, plan, launch)
+                seen.setdefault((cfg.kernel, cfg.signature, cfg.constexprs, cfg.num_warps, cfg.num_stages), cfg)
+    return list(seen.values())
+
+
+class AotError(RuntimeError):
+    pass
+
+
+def compile_config(cfg: KernelConfig, target: TargetSpec):
+    """Compiles one configuration for one target; raises AotError naming both."""
+    import triton
+    from triton.compiler import ASTSource
+
+    if interpreting():
+        raise AotError("ahead-of-time compiles need TRITON_INTERPRET unset: under it the kernels are interpreted")
+    try:
+        source = ASTSource(cfg.kernel, dict(cfg.signature), constexprs=dict(cfg.constexprs))
+        options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        compiled = triton.compile(source, target=target.gpu_target(), options=options)
+    except Exception as e:  # noqa: BLE001 - any compiler failure is reported with its context
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise AotError(f"{target.name}: {cfg.describe()} failed to compile: {first_line}") from e
+    if compiled.metadata.shared > target.shared_bytes:
+        raise AotError(
+            f"{target.name}: {cfg.describe()} needs {compiled.metadata.shared} bytes of shared memory, "
+            f"the target has {target.shared_bytes}"
+        )
+    return compiled
+
+
+def _compile_slice(target_name: str, ops: tuple[str, ...] | None, indices: list[int], out: str | None) -> list:
+    target = TARGETS[target_name]
+    cfgs = configs(target, ops)
+    done = []
+    for i in indices:
+        cfg = cfgs[i]
+        try:
+            compiled = compile_config(cfg, target)
+        except AotError as e:
+            done.append((i, str(e), None))
+            continue
+        done.append((i, None, _write(out, target, cfg, compiled) if out else None))
+    return done
+
+
+def _write(out: str, target: TargetSpec, cfg: KernelConfig, compiled) -> dict:
+    kind = "cubin" if target.backend == "cuda" else "hsaco"
+    digest = hashlib.sha256(cfg.describe().encode()).hexdigest()[:16]
+    folder = os.path.join(out, target.name.replace(":", "-"))
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{cfg.kernel_name}-{digest}.{kind}")
+    with open(path, "wb") as f:
+        f.write(compiled.asm[kind])
+    return {"config": cfg.describe(), "file": os.path.relpath(path, out), "shared": compiled.metadata.shared,
+            "name": compiled.metadata.name}  # fmt: skip
+
+
+def run_matrix(
+    targets: Iterable[str], ops: Iterable[str] | None = None, out: str | None = None, jobs: int = 1,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> list[str]:  # fmt: skip
+    """Compiles every configuration for every target; returns the failures (empty when all compiled)."""
+    ops = tuple(ops) if ops else None
+    work = [(name, list(range(len(configs(TARGETS[name], ops))))) for name in targets]
+    total = sum(len(idx) for _, idx in work)
+    failures, manifest, count = [], {}, 0
+    chunks = [(name, idx[k :: max(jobs, 1) * 4]) for name, idx in work for k in range(max(jobs, 1) * 4)]
+    chunks = [(name, idx) for name, idx in chunks if idx]
+    with ProcessPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        futures = [(name, pool.submit(_compile_slice, name, ops, idx, out)) for name, idx in chunks]
+        for name, future in futures:
+            for _, error, record in future.result():
+                count += 1
+                if error:
+                    failures.append(error)
+                if record:
+                    manifest.setdefault(name, []).append(record)
+            if progress:
+                progress(count, total, name)
+    if out:
+        with open(os.path.join(out, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1)
+    return failures

@@ -1,0 +1,69 @@
+"""The `tile-kernels` command.
+
+tile-kernels aot [--target cuda:90 --target hip:gfx942 ...] [--op rms_norm] [--out DIR] [--jobs N] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def _progress(done: int, total: int, target: str) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} compiled ({target})")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _aot(args) -> int:
+    from . import aot
+
+    targets = args.target or list(aot.TARGETS)
+    unknown = [t for t in targets if t not in aot.TARGETS]
+    if unknown:
+        raise SystemExit(f"tile-kernels aot: unknown target(s) {unknown}; known: {', '.join(aot.TARGETS)}")
+    if args.list:
+        for name in targets:
+            for cfg in aot.configs(aot.TARGETS[name], args.op):
+                print(f"{name}  {cfg.describe()}")
+        return 0
+    start = time.perf_counter()
+    failures = aot.run_matrix(targets, args.op, args.out, args.jobs, None if args.quiet else _progress)
+    for failure in failures:
+        print(f"FAILED {failure}", file=sys.stderr)
+    seconds = time.perf_counter() - start
+    status = f"{len(failures)} failed" if failures else "all compiled"
+    print(
+        f"tile-kernels aot: {', '.join(targets)}: {status} in {seconds:.0f} s"
+        + (f"; wrote {args.out}" if args.out else "")
+    )
+    return 1 if failures else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="tile-kernels", description="tile-kernels tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+    aot = commands.add_parser(
+        "aot",
+        help="compile every kernel configuration for NVIDIA and AMD targets, without a GPU",
+        description="Compiles every launch configuration of every registered op for each target (default: all of "
+        "cuda:80, cuda:90, cuda:100, hip:gfx90a, hip:gfx942, hip:gfx950) and fails naming the kernel, the "
+        "configuration and the target of any that does not compile. --out writes the binaries and a manifest.",
+    )
+    aot.add_argument("--target", action="append", help="e.g. cuda:90 or hip:gfx942 (repeatable; default: all)")
+    aot.add_argument("--op", action="append", help="only these ops (repeatable; default: all registered)")
+    aot.add_argument("--out", help="write cubin/hsaco files and manifest.json under this folder")
+    aot.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes (default: all cores)")
+    aot.add_argument("--list", action="store_true", help="list the configurations instead of compiling")
+    aot.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    return {"aot": _aot}[args.command](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
