@@ -1,4 +1,4 @@
-"""Sessions: tests (CPU, Triton interpreter), gpu_tests-cuda, gpu_tests-rocm, aot, example, lint.
+"""Sessions: tests (CPU, Triton interpreter), gpu_tests-cuda, gpu_tests-rocm, sanitize-cuda, aot, example, lint.
 
 `nox -l` lists them. The CPU sessions install torch's CPU build first (TILE_KERNELS_TORCH overrides the requirement),
 so that nothing later pulls a multi-GB CUDA build."""
@@ -28,12 +28,13 @@ def tests(session):
 
 def _has(session, module: str) -> bool:
     code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
-    return session.run("python", "-c", code, success_codes=[0, 1], silent=True, log=False) is True
+    return session.run("python3", "-c", code, success_codes=[0, 1], silent=True, log=False, external=True) is True
 
 
-def _gpu_tests(session, vendor: str):
-    """Uses the torch already installed for the vendor when there is one. Otherwise cuda installs torch from the
-    default index, and rocm from the wheel index named by TILE_KERNELS_ROCM_TORCH_INDEX (PyTorch's ROCm index)."""
+def _gpu_setup(session, vendor: str) -> dict:
+    """Installs what the GPU suite needs and is missing (a machine without a package index can run the session with
+    `--no-venv` on a prepared environment): torch from the default index for cuda, from TILE_KERNELS_ROCM_TORCH_INDEX
+    (PyTorch's ROCm wheel index) for rocm. Checks the device and returns the suite's environment."""
     if not _has(session, "torch"):
         if vendor == "rocm":
             index = os.environ.get("TILE_KERNELS_ROCM_TORCH_INDEX")
@@ -42,15 +43,26 @@ def _gpu_tests(session, vendor: str):
             session.install("torch", "--index-url", index)
         else:
             session.install("torch")
-    session.install("-e", ".[test]", "jax-triton>=0.3.1,<0.5", "ml_dtypes")
-    check = (
-        "import torch, sys; ok = torch.cuda.is_available() and (torch.version.hip is not None) == {}; sys.exit(not ok)"
+    if not all(_has(session, m) for m in ("tile_kernels.core", "hypothesis", "xdist", "ml_dtypes")):
+        session.install("-e", ".[test]")
+    if _has(session, "jax") and not _has(session, "jax_triton"):
+        session.install("jax-triton>=0.3.1,<0.5")
+    probe = (
+        "import torch, sys; hip = torch.version.hip is not None; n = torch.cuda.device_count();"
+        f"sys.exit('no {vendor} device visible to torch') if n == 0 or hip != {vendor == 'rocm'} else print(n)"
     )
-    session.run("python", "-c", check.format(vendor == "rocm"), external=True)
-    env = {"TILE_KERNELS_TEST_DEVICE": "gpu", "HYPOTHESIS_PROFILE": "gpu", "TRITON_INTERPRET": "0"}
+    count = session.run("python3", "-c", probe, silent=True, external=True).strip().splitlines()[-1]
+    env = {"TILE_KERNELS_TEST_DEVICE": "gpu", "TRITON_INTERPRET": "0", "TILE_KERNELS_NUM_GPUS": count,
+           "TILE_KERNELS_GPU_VENDOR": vendor, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # fmt: skip
     if vendor == "rocm":
-        env["HIP_VISIBLE_DEVICES"] = os.environ.get("HIP_VISIBLE_DEVICES", "0")
-    session.run("pytest", *session.posargs, env=env)
+        env["HIP_VISIBLE_DEVICES"] = os.environ.get("HIP_VISIBLE_DEVICES", ",".join(map(str, range(int(count)))))
+    return env
+
+
+def _gpu_tests(session, vendor: str):
+    env = _gpu_setup(session, vendor)
+    workers = ["-n", env["TILE_KERNELS_NUM_GPUS"]]  # one pytest-xdist worker per GPU (conftest pins them)
+    session.run("python3", "-m", "pytest", *workers, *session.posargs, env={**env, "HYPOTHESIS_PROFILE": "gpu"})
 
 
 @nox.session(name="gpu_tests-cuda", venv_params=["--system-site-packages"])
@@ -61,8 +73,20 @@ def gpu_tests_cuda(session):
 
 @nox.session(name="gpu_tests-rocm", venv_params=["--system-site-packages"])
 def gpu_tests_rocm(session):
-    """GPU suite on an AMD device (HIP_VISIBLE_DEVICES defaults to 0): the same checks on ROCm."""
+    """GPU suite on an AMD device: the same checks on ROCm, one pytest-xdist worker per GPU."""
     _gpu_tests(session, "rocm")
+
+
+@nox.session(name="sanitize-cuda", venv_params=["--system-site-packages"])
+def sanitize_cuda(session):
+    """The op suite under compute-sanitizer memcheck and racecheck; any report fails.
+
+    dev Hypothesis profile; torch's caching allocator off so that out-of-bounds accesses hit unallocated memory."""
+    env = {**_gpu_setup(session, "cuda"), "HYPOTHESIS_PROFILE": "dev", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    pytest = ["python3", "-m", "pytest", "-p", "no:xdist", "-x", *session.posargs]
+    sanitizer = ["compute-sanitizer", "--error-exitcode", "1", "--target-processes", "all"]
+    session.run(*sanitizer, "--tool", "memcheck", *pytest, "tests/test_ops.py", env=env, external=True)
+    session.run(*sanitizer, "--tool", "racecheck", *pytest, "tests/test_ops.py", "-k", "torch", env=env, external=True)
 
 
 @nox.session

@@ -9,6 +9,20 @@ import os
 DEVICE = os.environ.setdefault("TILE_KERNELS_TEST_DEVICE", "cpu")
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _pin_worker_to_one_gpu() -> None:
+    """Under pytest-xdist, worker gwK sees only GPU K mod TILE_KERNELS_NUM_GPUS (set by the nox GPU sessions), through
+    CUDA_VISIBLE_DEVICES or HIP_VISIBLE_DEVICES, before torch or JAX initialize the device."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("TILE_KERNELS_NUM_GPUS", "0"))
+    if DEVICE != "gpu" or not worker.startswith("gw") or count < 1:
+        return
+    var = "HIP_VISIBLE_DEVICES" if os.environ.get("TILE_KERNELS_GPU_VENDOR") == "rocm" else "CUDA_VISIBLE_DEVICES"
+    visible = [d for d in os.environ.get(var, "").split(",") if d] or [str(i) for i in range(count)]
+    os.environ[var] = visible[int(worker[2:]) % len(visible)]
+
+
+_pin_worker_to_one_gpu()
 os.environ.setdefault("TILE_KERNELS_POISON", "1")
 
 import pytest  # noqa: E402
