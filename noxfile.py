@@ -27,8 +27,8 @@ def tests(session):
 
 
 def _has(session, module: str) -> bool:
-    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
-    return session.run("python3", "-c", code, success_codes=[0, 1], silent=True, log=False, external=True) is True
+    code = f"import importlib.util; print('found' if importlib.util.find_spec({module!r}) else 'missing')"
+    return "found" in session.run("python3", "-c", code, silent=True, log=False, external=True)
 
 
 def _gpu_setup(session, vendor: str) -> dict:
@@ -81,8 +81,10 @@ def gpu_tests_rocm(session):
 def sanitize_cuda(session):
     """The op suite under compute-sanitizer memcheck and racecheck; any report fails.
 
-    dev Hypothesis profile; torch's caching allocator off so that out-of-bounds accesses hit unallocated memory."""
-    env = {**_gpu_setup(session, "cuda"), "HYPOTHESIS_PROFILE": "dev", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    dev Hypothesis profile; torch's and XLA's pooling allocators off so that out-of-bounds accesses hit unallocated
+    memory. racecheck runs the torch half: the JAX half launches the same compiled kernels."""
+    env = {**_gpu_setup(session, "cuda"), "HYPOTHESIS_PROFILE": "dev", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
+           "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}  # fmt: skip
     pytest = ["python3", "-m", "pytest", "-p", "no:xdist", "-x", *session.posargs]
     sanitizer = ["compute-sanitizer", "--error-exitcode", "1", "--target-processes", "all"]
     session.run(*sanitizer, "--tool", "memcheck", *pytest, "tests/test_ops.py", env=env, external=True)
