@@ -3,24 +3,14 @@ torch.compile, clear device errors, and the import boundaries between core, torc
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 from conftest import DEVICE
 from drivers import DRIVERS
+from subprocesses import run_python
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
 needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
-ROOTS = [os.path.join(os.path.dirname(__file__), "..", "packages", p, "src") for p in ("core", "torch_ops", "jax_ops")]
-
-
-def _python(code: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(ROOTS + [os.environ.get("PYTHONPATH", "")]), **env}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=environ)
 
 
 # ---------------------------------------------------------------------------------------------------------------- JAX
@@ -98,8 +88,8 @@ def test_jax_per_example_weight_grads_under_vmap():
 @needs_jax
 @pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU error path")
 def test_jax_without_interpreter_on_cpu_raises_clear_error():
-    out = _python(
-        """
+    out = run_python(
+        code="""
         import jax.numpy as jnp, tile_kernels.jax as tk
         try:
             tk.softmax(jnp.ones((2, 3)))
@@ -114,8 +104,8 @@ def test_jax_without_interpreter_on_cpu_raises_clear_error():
 @needs_jax
 @pytest.mark.skipif(DEVICE != "cpu", reason="interpret mode is the CPU path")
 def test_jax_interpret_mode_needs_no_torch():
-    out = _python(
-        """
+    out = run_python(
+        code="""
         import sys
 
         class NoTorch:  # any import of torch now fails
@@ -202,8 +192,8 @@ def test_torch_compile_fullgraph_matches_eager():
 @needs_torch
 @pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU error path")
 def test_torch_cpu_tensors_without_interpreter_raise_clear_error():
-    out = _python(
-        """
+    out = run_python(
+        code="""
         import torch, tile_kernels.torch as tk
         try:
             tk.rms_norm(torch.ones(2, 3), torch.ones(3))
@@ -231,5 +221,7 @@ def test_torch_mixed_devices_raise():
 
 
 def test_core_imports_neither_torch_nor_jax():
-    out = _python('import sys, tile_kernels.core; print("LOADED", "torch" in sys.modules, "jax" in sys.modules)')
+    out = run_python(
+        code='import sys, tile_kernels.core; print("LOADED", "torch" in sys.modules, "jax" in sys.modules)'
+    )
     assert "LOADED False False" in out.stdout, out.stdout + out.stderr

@@ -7,21 +7,16 @@ interpreted functions instead of compilable ones."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from subprocesses import run_python
 
 from tile_kernels.core import aot
 
-ROOTS = [os.path.join(os.path.dirname(__file__), "..", "packages", p, "src") for p in ("core", "torch_ops", "jax_ops")]
 
-
-def _python(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(ROOTS + [os.environ.get("PYTHONPATH", "")])}
-    env.pop("TRITON_INTERPRET", None)
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
+def _python(*args: str):
+    return run_python(*args, TRITON_INTERPRET=None)
 
 
 @pytest.mark.parametrize("target", list(aot.TARGETS))
