@@ -6,5 +6,6 @@ Without either, a call raises a clear error; there is no silent fallback to a jn
 
 from .rms_norm import rms_norm
 from .softmax import softmax
+from .swiglu import swiglu
 
-__all__ = ["rms_norm", "softmax"]
+__all__ = ["rms_norm", "softmax", "swiglu"]

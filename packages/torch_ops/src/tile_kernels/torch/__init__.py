@@ -5,5 +5,9 @@ TRITON_INTERPRET=1 was set before import, and a call raises a clear error otherw
 
 from .rms_norm import rms_norm, rms_norm_bwd, rms_norm_fwd
 from .softmax import softmax, softmax_bwd, softmax_fwd
+from .swiglu import swiglu, swiglu_bwd, swiglu_fwd
 
-__all__ = ["rms_norm", "rms_norm_bwd", "rms_norm_fwd", "softmax", "softmax_bwd", "softmax_fwd"]
+__all__ = [
+    "rms_norm", "rms_norm_bwd", "rms_norm_fwd", "softmax", "softmax_bwd", "softmax_fwd", "swiglu", "swiglu_bwd",
+    "swiglu_fwd",
+]  # fmt: skip

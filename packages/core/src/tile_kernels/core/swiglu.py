@@ -1,0 +1,158 @@
+"""SwiGLU gating: y = silu(gate) * up = gate * sigmoid(gate) * up, elementwise, in fp32.
+
+Backward, with s = sigmoid(gate):
+    dgate = dy * up * s * (1 + gate * (1 - s))
+    dup   = dy * gate * s
+
+The kernels see (rows, n) views with a row stride per input (a sliced activation costs no copy) and write contiguous
+outputs; grid (rows, cdiv(n, BLOCK_N)) with 16-byte vectors per thread.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import triton
+import triton.language as tl
+
+from . import checks
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, next_power_of_2
+from .registry import BadInput, Cost, OpInfo, register, round_to
+from .rows import WIDTH_BUCKETS
+
+NAME = "swiglu"
+MAX_BLOCK = 2048  # elements of a row per program
+
+
+@triton.jit
+def swiglu_fwd_kernel(GATE, UP, N, stride_gate, stride_up, Y, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    g = tl.load(GATE + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(UP + row * stride_up + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * N + cols, (g * tl.sigmoid(g) * u).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def swiglu_bwd_kernel(
+    DY, GATE, UP, N, stride_dy, stride_gate, stride_up,
+    DGATE, DUP,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(GATE + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(UP + row * stride_up + cols, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sigmoid(g)
+    tl.store(DGATE + row * N + cols, (dy * u * s * (1.0 + g * (1.0 - s))).to(DGATE.dtype.element_ty), mask=mask)
+    tl.store(DUP + row * N + cols, (dy * g * s).to(DUP.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# validation and plans
+
+
+def check(gate, up) -> None:
+    dtype = checks.check_float(NAME, "gate", gate)
+    checks.check_min_ndim(NAME, "gate", gate, 1)
+    checks.check_same_dtype(NAME, "up", up, dtype, "the dtype of gate")
+    checks.check_shape(NAME, "up", up, gate.shape, "the shape of gate")
+
+
+def _launch_shape(n: int, target: Target) -> tuple[int, int]:
+    block = min(MAX_BLOCK, next_power_of_2(n))
+    return block, max(1, min(8, block // (target.warp_size * 8)))
+
+
+def forward(
+    rows: int, n: int, *, dtype: str, target: Target, stride_gate: int | None = None, stride_up: int | None = None
+) -> Plan:
+    """Inputs gate, up (rows of n); output y (rows, n)."""
+    empty = rows * n == 0
+    buffers = {"y": BufferSpec((rows, n), dtype, zeroed=empty)}
+    launches = ()
+    if not empty:
+        block, warps = _launch_shape(n, target)
+        reads = ("gate", "up", n, n if stride_gate is None else stride_gate, n if stride_up is None else stride_up)
+        launches = (Launch(swiglu_fwd_kernel, (rows, cdiv(n, block)), reads, ("y",), {"BLOCK_N": block}, warps),)
+    return Plan({"gate": dtype, "up": dtype}, buffers, launches, ("y",))
+
+
+def backward(
+    rows: int, n: int, *, dtype: str, target: Target, stride_dy: int | None = None, stride_gate: int | None = None,
+    stride_up: int | None = None,
+) -> Plan:  # fmt: skip
+    """Inputs dy, gate, up; outputs dgate, dup (rows, n)."""
+    empty = rows * n == 0
+    buffers = {"dgate": BufferSpec((rows, n), dtype, zeroed=empty), "dup": BufferSpec((rows, n), dtype, zeroed=empty)}
+    launches = ()
+    if not empty:
+        block, warps = _launch_shape(n, target)
+        strides = tuple(n if s is None else s for s in (stride_dy, stride_gate, stride_up))
+        launches = (
+            Launch(swiglu_bwd_kernel, (rows, cdiv(n, block)), ("dy", "gate", "up", n) + strides, ("dgate", "dup"),
+                   {"BLOCK_N": block}, warps),
+        )  # fmt: skip
+    return Plan({"dy": dtype, "gate": dtype, "up": dtype}, buffers, launches, ("dgate", "dup"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# reference, cost, samples
+
+
+def reference(gate, up, *, compute=np.float64):
+    g, u = gate.astype(compute), up.astype(compute)
+    return (g / (1.0 + np.exp(-g)) * u,)
+
+
+def reference_vjp(kwargs, cotangents):
+    g, u, dy = (a.astype(np.float64) for a in (kwargs["gate"], kwargs["up"], cotangents[0]))
+    s = 1.0 / (1.0 + np.exp(-g))
+    return {"gate": dy * u * s * (1.0 + g * (1.0 - s)), "up": dy * g * s}
+
+
+def cost(kwargs) -> tuple[Cost, Cost]:
+    gate = kwargs["gate"]
+    numel, item = int(np.prod(gate.shape)), ITEMSIZE[str(gate.dtype)]
+    return Cost(3 * numel * item, 5 * numel), Cost(5 * numel * item, 12 * numel)
+
+
+def sample(rng: np.random.Generator, shape, dtype: str) -> dict:
+    return {
+        "gate": round_to(rng.standard_normal(shape) * 3.0, dtype),
+        "up": round_to(rng.standard_normal(shape), dtype),
+    }
+
+
+def bad_inputs(kwargs) -> list[BadInput]:
+    gate = kwargs["gate"]
+    return [
+        BadInput({"gate": gate.astype(np.int32)}, TypeError, "swiglu: gate must have dtype"),
+        BadInput({"up": np.zeros(gate.shape + (2,), gate.dtype)}, ValueError, "swiglu: up must have shape"),
+        BadInput({"up": gate.astype(np.float16 if gate.dtype != np.float16 else np.float32)}, TypeError,
+                 "swiglu: up must have dtype"),
+    ]  # fmt: skip
+
+
+def plans(target: Target):
+    for dtype in FLOAT_DTYPES:
+        for n in WIDTH_BUCKETS:
+            yield forward(4, n, dtype=dtype, target=target)
+            yield backward(4, n, dtype=dtype, target=target)
+
+
+INFO = register(
+    OpInfo(
+        name=NAME,
+        sample=sample,
+        options={},
+        reference=reference,
+        reference_vjp=reference_vjp,
+        grad_args=("gate", "up"),
+        cost=cost,
+        bad_inputs=bad_inputs,
+        plans=plans,
+    )
+)

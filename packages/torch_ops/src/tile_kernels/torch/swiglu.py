@@ -1,0 +1,51 @@
+"""torch adapter of tile_kernels.core.swiglu: ops tile_kernels::swiglu_fwd / swiglu_bwd with autograd."""
+
+from __future__ import annotations
+
+import torch
+from torch.library import triton_op
+
+from tile_kernels.core import dtype_name
+from tile_kernels.core import swiglu as core
+
+from ._runtime import as_rows, check_device, register_public_op, run_plan, target
+
+
+@triton_op("tile_kernels::swiglu_fwd", mutates_args=())
+def swiglu_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    n = gate.shape[-1]
+    (g2, stride_g), (u2, stride_u) = as_rows(gate, n), as_rows(up, n)
+    plan = core.forward(g2.shape[0], n, dtype=dtype_name(gate.dtype), target=target(gate.device),
+                        stride_gate=stride_g, stride_up=stride_u)  # fmt: skip
+    return run_plan(plan, g2, u2, device=gate.device)[0].view(gate.shape)
+
+
+@triton_op("tile_kernels::swiglu_bwd", mutates_args=())
+def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n = gate.shape[-1]
+    (dy2, stride_dy), (g2, stride_g), (u2, stride_u) = as_rows(dy, n), as_rows(gate, n), as_rows(up, n)
+    plan = core.backward(g2.shape[0], n, dtype=dtype_name(gate.dtype), target=target(gate.device),
+                         stride_dy=stride_dy, stride_gate=stride_g, stride_up=stride_u)  # fmt: skip
+    dgate, dup = run_plan(plan, dy2, g2, u2, device=gate.device)
+    return dgate.view(gate.shape), dup.view(gate.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, dy):
+    return swiglu_bwd(dy, *ctx.saved_tensors)
+
+
+swiglu_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up."""
+    core.check(gate, up)
+    check_device(core.NAME, gate=gate, up=up)
+    return swiglu_fwd(gate, up)
+
+
+register_public_op("swiglu(Tensor gate, Tensor up) -> Tensor", swiglu)
