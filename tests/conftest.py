@@ -27,6 +27,11 @@ os.environ.setdefault("TILE_KERNELS_POISON", "1")
 
 import pytest  # noqa: E402
 from drivers import DRIVERS  # noqa: E402
+
+from tile_kernels.core.registry import set_bfloat16_rounding  # noqa: E402
+
+if DEVICE == "cpu":
+    set_bfloat16_rounding("truncate")  # the interpreter's float32 -> bfloat16 conversion truncates
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -59,6 +59,12 @@ def test_jax_vmap_is_one_launch_and_matches_a_loop(weight_batched):
         for got, want in zip(batched, single):
             np.testing.assert_allclose(got[i], want, rtol=1e-6, atol=1e-6)
 
+    b = jax.random.normal(keys[0], (64,), jnp.float32)  # shared bias beside a per-example weight
+    ln = jax.vmap(lambda x, w: tk.layer_norm(x, w, b), in_axes=(0, w_axis))
+    assert _kernel_calls(jax.make_jaxpr(ln)(x, w)) == 1
+    for i in range(5):
+        np.testing.assert_allclose(ln(x, w)[i], tk.layer_norm(x[i], w[i] if weight_batched else w, b), atol=1e-5)
+
     sm = jax.vmap(lambda t: tk.softmax(t, -1))
     assert _kernel_calls(jax.make_jaxpr(sm)(x)) == 1
     np.testing.assert_allclose(sm(x), tk.softmax(x), rtol=1e-6, atol=1e-7)
@@ -155,7 +161,10 @@ def test_torch_opcheck():
         (ops.rms_norm_fwd.default, (x, w, None, 1e-5)),
         (ops.softmax_fwd.default, (x,)),
         (ops.softmax_bwd.default, (y, torch.randn_like(y))),
+        (ops.layer_norm_fwd.default, (x, w, torch.randn_like(w), r, 1e-5)),
+        (ops.layer_norm_fwd.default, (x, w, None, None, 1e-5)),
         (ops.rms_norm.default, (x, w, 1e-6, r)),  # the public composite ops
+        (ops.layer_norm.default, (x, w, None, 1e-5, r)),
         (ops.softmax.default, (x, 1)),
     ]:
         result = torch.library.opcheck(op, args, test_utils=utils)

@@ -60,10 +60,24 @@ def register(info: OpInfo) -> OpInfo:
     return info
 
 
+_BFLOAT16_ROUNDING = ["nearest"]
+
+
+def set_bfloat16_rounding(mode: str) -> None:
+    """How references round the bfloat16 intermediates an op returns (e.g. rms_norm's h), to model the device:
+    'nearest' (even), as GPUs do, or 'truncate', as Triton's interpreter converts float32 to bfloat16."""
+    if mode not in ("nearest", "truncate"):
+        raise ValueError(f"bfloat16 rounding must be 'nearest' or 'truncate', got {mode!r}")
+    _BFLOAT16_ROUNDING[0] = mode
+
+
 def round_to(array: np.ndarray, dtype: str) -> np.ndarray:
     """Round a float array to `dtype` ('float32', 'float16', 'bfloat16'), as the op's stored tensors are."""
     if dtype == "bfloat16":
         import ml_dtypes
 
+        if _BFLOAT16_ROUNDING[0] == "truncate":
+            bits = np.asarray(array, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFF0000)
+            return bits.view(np.float32).astype(ml_dtypes.bfloat16)
         return np.asarray(array).astype(ml_dtypes.bfloat16)
     return np.asarray(array).astype(dtype)

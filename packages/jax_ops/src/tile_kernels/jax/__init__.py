@@ -4,8 +4,8 @@ On a CUDA/ROCm backend the Triton kernels launch through jax-triton. On the CPU 
 before import) selects interpret mode: the same kernels run in Triton's interpreter inside a jax.pure_callback.
 Without either, a call raises a clear error; there is no silent fallback to a jnp implementation. No torch needed."""
 
-from .rms_norm import rms_norm
+from .norms import layer_norm, rms_norm
 from .softmax import softmax
 from .swiglu import swiglu
 
-__all__ = ["rms_norm", "softmax", "swiglu"]
+__all__ = ["layer_norm", "rms_norm", "softmax", "swiglu"]

@@ -1,0 +1,157 @@
+"""torch adapter of the norm family (tile_kernels.core.norms): rms_norm and layer_norm, with autograd.
+
+Ops: tile_kernels::rms_norm_fwd / rms_norm_bwd, tile_kernels::layer_norm_fwd / layer_norm_bwd, and the public
+composites tile_kernels::rms_norm / layer_norm."""
+
+from __future__ import annotations
+
+import torch
+from torch.library import triton_op
+
+from tile_kernels.core import dtype_name, norms
+from tile_kernels.core import layer_norm as layer_core
+from tile_kernels.core import rms_norm as rms_core
+
+from ._runtime import as_rows, check_device, register_public_op, run_plan, target
+
+NO_TENSOR = (0,)  # shape of the placeholder returned for an absent output (h without residual, dbias without bias)
+
+
+def _forward(x, weight, bias, residual, eps, is_rms):
+    """(y, h or placeholder, mean or None, rstd)."""
+    n = x.shape[-1]
+    x2, stride_x = as_rows(x, n)
+    r2, stride_r = as_rows(residual, n) if residual is not None else (None, None)
+    plan = norms.forward(
+        1, x2.shape[0], n, is_rms=is_rms, x_dtype=dtype_name(x.dtype), weight_dtype=dtype_name(weight.dtype),
+        has_residual=residual is not None, has_bias=bias is not None, eps=eps, target=target(x.device),
+        stride_x=stride_x, stride_residual=stride_r,
+    )  # fmt: skip
+    outs = run_plan(plan, *(t for t in (x2, weight, bias, r2) if t is not None), device=x.device)
+    lead = x.shape[:-1]
+    h = outs[1].view(x.shape) if residual is not None else x.new_empty(NO_TENSOR)
+    return outs[0].view(x.shape), h, None if is_rms else outs[-2].view(lead), outs[-1].view(lead)
+
+
+def _backward(dy, h, weight, mean, rstd, dh, has_bias, is_rms):
+    """(dx, dweight, dbias or placeholder); dx is also the residual's gradient."""
+    n = h.shape[-1]
+    (dy2, stride_dy), (h2, stride_h) = as_rows(dy, n), as_rows(h, n)
+    dh2, stride_dh = as_rows(dh, n) if dh is not None else (None, None)
+    plan = norms.backward(
+        1, h2.shape[0], n, is_rms=is_rms, x_dtype=dtype_name(h.dtype), weight_dtype=dtype_name(weight.dtype),
+        has_bias=has_bias, has_dh=dh is not None, target=target(h.device), stride_dy=stride_dy, stride_h=stride_h,
+        stride_dh=stride_dh,
+    )  # fmt: skip
+    stats = (rstd.reshape(-1),) if is_rms else (mean.reshape(-1), rstd.reshape(-1))
+    inputs = (dy2, h2, weight, *stats) + ((dh2,) if dh is not None else ())
+    grads = run_plan(plan, *inputs, device=h.device)
+    dbias = grads[2].view(n) if has_bias else weight.new_empty(NO_TENSOR)
+    return grads[0].view(h.shape), grads[1].view(n), dbias
+
+
+# --------------------------------------------------------------------------------------------------------- rms_norm
+
+
+@triton_op("tile_kernels::rms_norm_fwd", mutates_args=())
+def rms_norm_fwd(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (y, h, rstd); h = x + residual, or an empty placeholder when residual is None."""
+    y, h, _, rstd = _forward(x, weight, None, residual, eps, is_rms=True)
+    return y, h, rstd
+
+
+@triton_op("tile_kernels::rms_norm_bwd", mutates_args=())
+def rms_norm_bwd(
+    dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, dh: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (dx, dweight). h is the normalized input (x, or x + residual)."""
+    dx, dweight, _ = _backward(dy, h, weight, None, rstd, dh, has_bias=False, is_rms=True)
+    return dx, dweight
+
+
+def _rms_setup_context(ctx, inputs, output):
+    x, weight, residual, _ = inputs
+    _, h, rstd = output
+    ctx.has_residual = residual is not None
+    ctx.save_for_backward(h if ctx.has_residual else x, weight, rstd)
+
+
+def _rms_backward(ctx, dy, dh, _drstd):
+    h, weight, rstd = ctx.saved_tensors
+    dx, dweight = rms_norm_bwd(dy, h, weight, rstd, dh if ctx.has_residual and dh is not None else None)
+    return dx, dweight, (dx if ctx.has_residual else None), None
+
+
+rms_norm_fwd.register_autograd(_rms_backward, setup_context=_rms_setup_context)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dim; with residual, h = x + residual and returns (y, h)."""
+    rms_core.check(x, weight, residual, eps)
+    check_device(rms_core.NAME, x=x, weight=weight, residual=residual)
+    y, h, _ = rms_norm_fwd(x, weight, residual, float(eps))
+    return y if residual is None else (y, h)
+
+
+# ------------------------------------------------------------------------------------------------------- layer_norm
+
+
+@triton_op("tile_kernels::layer_norm_fwd", mutates_args=())
+def layer_norm_fwd(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (y, h, mean, rstd); h = x + residual, or an empty placeholder when residual is None."""
+    return _forward(x, weight, bias, residual, eps, is_rms=False)
+
+
+@triton_op("tile_kernels::layer_norm_bwd", mutates_args=())
+def layer_norm_bwd(
+    dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+    dh: torch.Tensor | None, has_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Returns (dx, dweight, dbias); dbias is an empty placeholder when has_bias is False."""
+    return _backward(dy, h, weight, mean, rstd, dh, has_bias=has_bias, is_rms=False)
+
+
+def _layer_setup_context(ctx, inputs, output):
+    x, weight, bias, residual, _ = inputs
+    _, h, mean, rstd = output
+    ctx.has_residual, ctx.has_bias = residual is not None, bias is not None
+    ctx.save_for_backward(h if ctx.has_residual else x, weight, mean, rstd)
+
+
+def _layer_backward(ctx, dy, dh, _dmean, _drstd):
+    h, weight, mean, rstd = ctx.saved_tensors
+    dh = dh if ctx.has_residual and dh is not None else None
+    dx, dweight, dbias = layer_norm_bwd(dy, h, weight, mean, rstd, dh, ctx.has_bias)
+    return dx, dweight, (dbias if ctx.has_bias else None), (dx if ctx.has_residual else None), None
+
+
+layer_norm_fwd.register_autograd(_layer_backward, setup_context=_layer_setup_context)
+
+
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5,
+    residual: torch.Tensor | None = None,
+):  # fmt: skip
+    """As F.layer_norm(x, x.shape[-1:], weight, bias, eps); with residual, h = x + residual and returns (y, h)."""
+    layer_core.check(x, weight, bias, eps, residual)
+    check_device(layer_core.NAME, x=x, weight=weight, bias=bias, residual=residual)
+    y, h, _, _ = layer_norm_fwd(x, weight, bias, residual, float(eps))
+    return y if residual is None else (y, h)
+
+
+register_public_op(
+    "rms_norm(Tensor x, Tensor weight, float eps=1e-06, Tensor? residual=None) -> Tensor[]",
+    lambda x, weight, eps=1e-6, residual=None: list(_as_tuple(rms_norm(x, weight, eps, residual))),
+)
+register_public_op(
+    "layer_norm(Tensor x, Tensor weight, Tensor? bias=None, float eps=1e-05, Tensor? residual=None) -> Tensor[]",
+    lambda x, weight, bias=None, eps=1e-5, residual=None: list(_as_tuple(layer_norm(x, weight, bias, eps, residual))),
+)
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
