@@ -24,7 +24,7 @@ from tile_kernels.core import REGISTRY
 
 torch._functorch.config.donated_buffer = False  # compiled backwards are replayed with retain_graph
 
-SHAPES = [(32768, 4096), (16384, 8192), (4096, 65536), (256, 262144)]
+SHAPES = [(32768, 4096), (16384, 8192), (4096, 65536), (256, 262144)]  # bf16: 256-512 MiB per tensor, > L2
 
 
 def copy_ceiling_gbs() -> float:
@@ -44,11 +44,33 @@ def torch_cases(shape, dtype):
         h = x + r
         return F.rms_norm(h, (n,), w, 1e-6), h
 
+    def eager_layer(x, w, b, r):
+        h = x + r
+        return F.layer_norm(h, (n,), w, b, 1e-5), h
+
     def eager_softmax(x):
         return torch.softmax(x, -1)
 
+    def eager_swiglu(g, u):
+        return F.silu(g) * u
+
+    b = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
+    u = torch.randn(rows, n, device="cuda", dtype=dtype, requires_grad=True)
     compiled_rms, compiled_softmax = torch.compile(eager_rms), torch.compile(eager_softmax)
+    compiled_layer, compiled_swiglu = torch.compile(eager_layer), torch.compile(eager_swiglu)
     return {
+        "layer_norm": (
+            {"tile-kernels": lambda: tk.layer_norm(x, w, b, 1e-5, residual=r),
+             "torch eager": lambda: eager_layer(x, w, b, r), "torch.compile": lambda: compiled_layer(x, w, b, r)},
+            (x, w, b),
+            {"x": x, "weight": w, "bias": b, "residual": r},
+        ),
+        "swiglu": (
+            {"tile-kernels": lambda: tk.swiglu(x, u), "torch eager": lambda: eager_swiglu(x, u),
+             "torch.compile": lambda: compiled_swiglu(x, u)},
+            (x, u),
+            {"gate": x, "up": u},
+        ),
         "rms_norm": (
             {"tile-kernels": lambda: tk.rms_norm(x, w, 1e-6, residual=r), "torch eager": lambda: eager_rms(x, w, r),
              "torch.compile": lambda: compiled_rms(x, w, r)},
@@ -82,7 +104,20 @@ def jax_forward_ms(op, shape, dtype_name):
     x = jax.random.normal(jax.random.key(0), shape, dtype_name)
     r = jax.random.normal(jax.random.key(1), shape, dtype_name)
     w = jax.random.normal(jax.random.key(2), (n,), dtype_name)
-    if op == "rms_norm":
+    if op == "layer_norm":
+        ours = jax.jit(lambda x, w, r: tkj.layer_norm(x, w, w, 1e-5, residual=r))
+
+        def ref(x, w, r):
+            h = x + r
+            hf = h.astype(jnp.float32)
+            c = hf - hf.mean(-1, keepdims=True)
+            return (c * jax.lax.rsqrt((c * c).mean(-1, keepdims=True) + 1e-5) * w + w).astype(x.dtype), h
+
+        fns, args = {"tile-kernels (jax)": ours, "jax.jit reference": jax.jit(ref)}, (x, w, r)
+    elif op == "swiglu":
+        fns = {"tile-kernels (jax)": jax.jit(tkj.swiglu), "jax.jit reference": jax.jit(lambda g, u: jax.nn.silu(g) * u)}
+        args = (x, r)
+    elif op == "rms_norm":
         ours = jax.jit(lambda x, w, r: tkj.rms_norm(x, w, 1e-6, residual=r))
 
         def ref(x, w, r):
