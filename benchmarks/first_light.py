@@ -145,7 +145,13 @@ def main():
     parser.add_argument("--out", default="first_light.json")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--no-jax", action="store_true")
+    parser.add_argument("--render", metavar="JSON", help="print the markdown table of a results file and exit")
     args = parser.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            data = json.load(f)
+        print(markdown_table(data["meta"], data["results"]))
+        return
     dtype = getattr(torch, args.dtype)
     ceiling = copy_ceiling_gbs()
     results = []
@@ -168,10 +174,20 @@ def main():
                 date=datetime.date.today().isoformat(), dtype=args.dtype, copy_gbs=ceiling)  # fmt: skip
     with open(args.out, "w") as f:
         json.dump(dict(meta=meta, results=results), f, indent=1)
-    print(f"{meta}\n\n| op | shape | dir | impl | ms | GB/s | % of copy |\n|---|---|---|---|---|---|---|")
+    print(markdown_table(meta, results))
+
+
+def markdown_table(meta: dict, results: list[dict]) -> str:
+    lines = [
+        f"{meta}",
+        "",
+        "| op | rows x width | dir | impl | ms | GB/s | % of copy |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        print(f"| {r['op']} | {r['shape'][0]}x{r['shape'][1]} | {r['direction']} | {r['impl']} | {r['ms']:.4f} | "
-              f"{r['gbs']:.0f} | {100 * r['gbs'] / ceiling:.0f}% |")  # fmt: skip
+        lines.append(f"| {r['op']} | {r['shape'][0]}x{r['shape'][1]} | {r['direction']} | {r['impl']} | "
+                     f"{r['ms']:.3f} | {r['gbs']:.0f} | {100 * r['gbs'] / meta['copy_gbs']:.0f}% |")  # fmt: skip
+    return "\n".join(lines)
 
 
 class _Shape:
