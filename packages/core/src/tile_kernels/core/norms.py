@@ -42,6 +42,16 @@ def _load_sum(x_ptr, r_ptr, h_ptr, cols, mask, HAS_RESIDUAL: tl.constexpr):
 
 
 @triton.jit
+def _row_stats(MEAN, RSTD, row, IS_RMS: tl.constexpr):
+    """(mean, rstd) the forward saved for a row; rms_norm has no mean."""
+    if IS_RMS:
+        mean = 0.0
+    else:
+        mean = tl.load(MEAN + row)
+    return mean, tl.load(RSTD + row)
+
+
+@triton.jit
 def norm_fwd_kernel(
     X, R, W, B, eps, rows, N, stride_x, stride_r, stride_w,
     Y, H, MEAN, RSTD,
@@ -116,11 +126,7 @@ def norm_bwd_kernel(
         db = tl.zeros([BLOCK_N], dtype=tl.float32)
         for m in range(g, rows, G):
             row = b * rows + m
-            if IS_RMS:
-                mean = 0.0
-            else:
-                mean = tl.load(MEAN + row)
-            rstd = tl.load(RSTD + row)
+            mean, rstd = _row_stats(MEAN, RSTD, row, IS_RMS)
             h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
             xhat = tl.where(mask, (h - mean) * rstd, 0.0)
             dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
@@ -140,11 +146,7 @@ def norm_bwd_kernel(
     else:
         for m in range(g, rows, G):
             row = b * rows + m
-            if IS_RMS:
-                mean = 0.0
-            else:
-                mean = tl.load(MEAN + row)
-            rstd = tl.load(RSTD + row)
+            mean, rstd = _row_stats(MEAN, RSTD, row, IS_RMS)
             acc_xg = tl.zeros([BLOCK_N], dtype=tl.float32)
             acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
             for start in range(0, N, BLOCK_N):  # pass 1: mean(g * xhat) and mean(g)

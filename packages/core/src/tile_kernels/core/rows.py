@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .plan import Launch, Target, cdiv, next_power_of_2
+from .plan import FLOAT_DTYPES, Launch, Target, cdiv, next_power_of_2
 
 MAX_ROW_BLOCK = 16384  # elements held in registers per row (fp32 after upcast: 64 KiB per tensor per program)
 WIDE_ROW_BLOCK = 4096  # chunk of a streamed row
@@ -27,6 +27,14 @@ def row_block(n: int, target: Target, max_block: int = MAX_ROW_BLOCK) -> tuple[i
     block = next_power_of_2(n) if one_block else WIDE_ROW_BLOCK
     warps = min(MAX_WARPS, max(1, block // (target.warp_size * ELEMENTS_PER_THREAD)))
     return block, one_block, warps
+
+
+def row_op_plans(forward, backward, target: Target):
+    """Every configuration of a row-wise op whose plan builders take (rows, n, dtype=, target=): the AOT matrix."""
+    for dtype in FLOAT_DTYPES:
+        for n in WIDTH_BUCKETS:
+            yield forward(4, n, dtype=dtype, target=target)
+            yield backward(4, n, dtype=dtype, target=target)
 
 
 def programs_per_problem(rows: int, target: Target, waves: int = 4) -> int:

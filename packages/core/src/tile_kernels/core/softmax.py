@@ -10,14 +10,16 @@ torch.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import triton
 import triton.language as tl
 
 from . import checks
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target
+from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target
 from .registry import BadInput, Cost, OpInfo, register, round_to
-from .rows import WIDTH_BUCKETS, row_block
+from .rows import row_block, row_op_plans
 
 NAME = "softmax"
 
@@ -154,13 +156,6 @@ def bad_inputs(kwargs) -> list[BadInput]:
     ]
 
 
-def plans(target: Target):
-    for dtype in FLOAT_DTYPES:
-        for n in WIDTH_BUCKETS:
-            yield forward(4, n, dtype=dtype, target=target)
-            yield backward(4, n, dtype=dtype, target=target)
-
-
 INFO = register(
     OpInfo(
         name=NAME,
@@ -171,6 +166,6 @@ INFO = register(
         grad_args=("x",),
         cost=cost,
         bad_inputs=bad_inputs,
-        plans=plans,
+        plans=functools.partial(row_op_plans, forward, backward),
     )
 )

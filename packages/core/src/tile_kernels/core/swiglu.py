@@ -10,14 +10,16 @@ outputs; grid (rows, cdiv(n, BLOCK_N)) with 16-byte vectors per thread.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import triton
 import triton.language as tl
 
 from . import checks
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, next_power_of_2
+from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, register, round_to
-from .rows import WIDTH_BUCKETS
+from .rows import row_op_plans
 
 NAME = "swiglu"
 MAX_BLOCK = 2048  # elements of a row per program
@@ -136,13 +138,6 @@ def bad_inputs(kwargs) -> list[BadInput]:
     ]  # fmt: skip
 
 
-def plans(target: Target):
-    for dtype in FLOAT_DTYPES:
-        for n in WIDTH_BUCKETS:
-            yield forward(4, n, dtype=dtype, target=target)
-            yield backward(4, n, dtype=dtype, target=target)
-
-
 INFO = register(
     OpInfo(
         name=NAME,
@@ -153,6 +148,6 @@ INFO = register(
         grad_args=("gate", "up"),
         cost=cost,
         bad_inputs=bad_inputs,
-        plans=plans,
+        plans=functools.partial(row_op_plans, forward, backward),
     )
 )
