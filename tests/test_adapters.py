@@ -3,6 +3,12 @@ torch.compile, clear device errors, and the import boundaries between core, torc
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+
 import numpy as np
 import pytest
 from conftest import DEVICE
@@ -219,3 +225,24 @@ def test_core_imports_neither_torch_nor_jax():
         code='import sys, tile_kernels.core; print("LOADED", "torch" in sys.modules, "jax" in sys.modules)'
     )
     assert "LOADED False False" in out.stdout, out.stdout + out.stderr
+
+
+def _installed_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@pytest.mark.parametrize("extra, forbidden", [("torch", "jax"), ("jax", "torch")])
+def test_an_extra_does_not_pull_the_other_framework(extra, forbidden, tmp_path):
+    """pip install tile-kernels[torch] must not install jax, and [jax] must not install torch (resolution only)."""
+    root = os.path.join(os.path.dirname(__file__), "..")
+    report, constraints = tmp_path / "report.json", tmp_path / "constraints.txt"
+    # resolve against the frameworks installed here, so that no multi-GB build of them is looked up
+    constraints.write_text("\n".join(f"{n}=={v}" for n in ("torch", "jax", "jaxlib") if (v := _installed_version(n))))
+    pip = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "-c", str(constraints)]
+    run = subprocess.run([*pip, "--report", str(report), f"{root}[{extra}]"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert "tile-kernels" in names and forbidden not in names and f"{forbidden}lib" not in names, sorted(names)
