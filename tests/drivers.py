@@ -28,12 +28,14 @@ class TorchDriver:
     def array(self, a, layout: str = "contiguous"):
         """A tensor holding a's values; row_padded / permuted give non-contiguous tensors of the same values."""
         torch = self.torch
-        if a is None or not isinstance(a, np.ndarray):
+        if not isinstance(a, (np.ndarray, np.generic)):
             return a
-        t = torch.from_numpy(np.ascontiguousarray(a.astype(np.float32) if a.dtype.name == "bfloat16" else a))
+        host = np.asarray(a.astype(np.float32) if a.dtype.name == "bfloat16" else a)
+        t = torch.from_numpy(host.copy())  # a copy keeps 0-d arrays 0-d (ascontiguousarray would not)
         t = t.to(self.device, getattr(torch, a.dtype.name))
         if layout == "row_padded" and t.dim() >= 1:
-            wide = torch.full(t.shape[:-1] + (t.shape[-1] + 3,), float("nan"), dtype=t.dtype, device=t.device)
+            pad = float("nan") if t.is_floating_point() else -1  # the padding must never be read
+            wide = torch.full(t.shape[:-1] + (t.shape[-1] + 3,), pad, dtype=t.dtype, device=t.device)
             wide[..., : t.shape[-1]] = t
             return wide[..., : t.shape[-1]]
         if layout == "permuted" and t.dim() >= 3:
@@ -69,7 +71,7 @@ class JaxDriver:
         self.jax, self.jnp, self.ops = jax, jnp, ops
 
     def array(self, a, layout: str = "contiguous"):
-        return self.jnp.asarray(a) if isinstance(a, np.ndarray) else a
+        return self.jnp.asarray(a) if isinstance(a, (np.ndarray, np.generic)) else a
 
     def numpy(self, a):
         return np.asarray(a).astype(np.float64)

@@ -4,8 +4,9 @@ On a CUDA/ROCm backend the Triton kernels launch through jax-triton. On the CPU 
 before import) selects interpret mode: the same kernels run in Triton's interpreter inside a jax.pure_callback.
 Without either, a call raises a clear error; there is no silent fallback to a jnp implementation. No torch needed."""
 
+from .cross_entropy import cross_entropy
 from .norms import layer_norm, rms_norm
 from .softmax import softmax
 from .swiglu import swiglu
 
-__all__ = ["layer_norm", "rms_norm", "softmax", "swiglu"]
+__all__ = ["cross_entropy", "layer_norm", "rms_norm", "softmax", "swiglu"]

@@ -3,11 +3,13 @@
 On CUDA/ROCm tensors the compiled Triton kernels run; on CPU tensors the same kernels run in Triton's interpreter when
 TRITON_INTERPRET=1 was set before import, and a call raises a clear error otherwise."""
 
+from .cross_entropy import cross_entropy, cross_entropy_bwd, cross_entropy_fwd
 from .norms import layer_norm, layer_norm_bwd, layer_norm_fwd, rms_norm, rms_norm_bwd, rms_norm_fwd
 from .softmax import softmax, softmax_bwd, softmax_fwd
 from .swiglu import swiglu, swiglu_bwd, swiglu_fwd
 
 __all__ = [
+    "cross_entropy", "cross_entropy_bwd", "cross_entropy_fwd",
     "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
     "softmax", "softmax_bwd", "softmax_fwd", "swiglu", "swiglu_bwd", "swiglu_fwd",
 ]  # fmt: skip

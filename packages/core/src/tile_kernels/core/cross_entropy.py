@@ -1,0 +1,301 @@
+"""Cross-entropy over the last dim of 2-D logits (N, V) with integer targets, as torch.nn.functional.cross_entropy.
+
+    lse = log(sum(exp(x)))                                 per row, in fp32
+    loss_row = (1 - eps) * (lse - x[target]) + eps * (lse - mean(x))      eps = label_smoothing
+    rows whose target is ignore_index have loss 0 and do not count; reduction mean = sum / count (NaN if none count)
+Backward, with g the row's cotangent (dloss, or dloss / count for mean, 0 for ignored rows):
+    dlogits = g * (softmax(x) - (1 - eps) * onehot(target) - eps / V)
+
+Rows of up to MAX_ROW_BLOCK classes are read once into registers; wider vocabularies (128K) are streamed with an
+online max/sum. The backward recomputes softmax from the saved lse, fully parallel over (row, vocabulary block). A
+target outside [0, V) that is not ignore_index gives a NaN loss (no host sync to raise an error). `batch`
+independent problems (a JAX vmap folded into one launch) each reduce over their own rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import triton
+import triton.language as tl
+
+from . import checks
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, next_power_of_2
+from .registry import BadInput, Cost, OpInfo, register, round_to
+from .rows import WIDTH_BUCKETS, row_block
+
+NAME = "cross_entropy"
+REDUCTIONS = ("none", "sum", "mean")
+TARGET_DTYPES = ("int32", "int64")
+
+
+@triton.jit
+def cross_entropy_fwd_kernel(
+    LOGITS, TARGET, rows, V, stride_row, ignore_index, smoothing,
+    LOSS, LSE, VALID,
+    BLOCK_V: tl.constexpr, ONE_BLOCK: tl.constexpr, SMOOTH: tl.constexpr, HAS_VALID: tl.constexpr,
+):  # fmt: skip
+    """Grid (rows, batch): one program per row; LOSS gets the row's loss (0 when ignored), LSE its log-sum-exp,
+    VALID (for a reduction) 1.0 or 0.0 for an ignored row."""
+    row = tl.program_id(1).to(tl.int64) * rows + tl.program_id(0)
+    x_ptr = LOGITS + row * stride_row
+    sum_x = 0.0
+    if ONE_BLOCK:
+        cols = tl.arange(0, BLOCK_V)
+        mask = cols < V
+        x = tl.load(x_ptr + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m = tl.max(x, axis=0)
+        lse = m + tl.log(tl.sum(tl.exp(x - m), axis=0))
+        if SMOOTH:
+            sum_x = tl.sum(tl.where(mask, x, 0.0), axis=0)
+    else:
+        m_lane = tl.full([BLOCK_V], -float("inf"), dtype=tl.float32)
+        s_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
+        x_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
+        for start in range(0, V, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            x = tl.load(x_ptr + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m_lane, x)
+            seen = m_new > -float("inf")  # lanes that have met a finite value (avoids -inf - -inf)
+            s_lane = tl.where(seen, s_lane * tl.exp(m_lane - m_new) + tl.exp(x - m_new), 0.0)
+            m_lane = m_new
+            if SMOOTH:
+                x_lane += tl.where(cols < V, x, 0.0)
+        m = tl.max(m_lane, axis=0)
+        lse = m + tl.log(tl.sum(tl.where(m_lane > -float("inf"), s_lane * tl.exp(m_lane - m), 0.0), axis=0))
+        if SMOOTH:
+            sum_x = tl.sum(x_lane, axis=0)
+    t = tl.load(TARGET + row).to(tl.int64)
+    in_range = (t >= 0) & (t < V)
+    loss = lse - tl.load(x_ptr + t, mask=in_range, other=float("nan")).to(tl.float32)
+    if SMOOTH:
+        loss = (1.0 - smoothing) * loss + smoothing * (lse - sum_x / V)
+    tl.store(LOSS + row, tl.where(t == ignore_index, 0.0, loss).to(LOSS.dtype.element_ty))
+    tl.store(LSE + row, lse)
+    if HAS_VALID:
+        tl.store(VALID + row, tl.where(t == ignore_index, 0.0, 1.0))
+
+
+@triton.jit
+def loss_reduce_kernel(LOSS, VALID, rows, stride_b, OUT, COUNT, BLOCK: tl.constexpr, MEAN: tl.constexpr):
+    """Grid (batch,): OUT[b] = sum (or mean over valid rows) of LOSS[b, :]; COUNT[b] = sum of VALID[b, :]."""
+    b = tl.program_id(0).to(tl.int64)
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    count = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, rows, BLOCK):
+        r = start + tl.arange(0, BLOCK)
+        mask = r < rows
+        total += tl.load(LOSS + b * stride_b + r, mask=mask, other=0.0)
+        count += tl.load(VALID + b * stride_b + r, mask=mask, other=0.0)
+    total_sum, count_sum = tl.sum(total, axis=0), tl.sum(count, axis=0)
+    tl.store(OUT + b, (total_sum / count_sum if MEAN else total_sum).to(OUT.dtype.element_ty))
+    tl.store(COUNT + b, count_sum)
+
+
+@triton.jit
+def cross_entropy_bwd_kernel(
+    LOGITS, TARGET, LSE, DLOSS, COUNT, rows, V, stride_row, ignore_index, smoothing,
+    DLOGITS,
+    BLOCK_V: tl.constexpr, REDUCTION: tl.constexpr, SMOOTH: tl.constexpr,
+):  # fmt: skip
+    """Grid (rows, cdiv(V, BLOCK_V), batch). REDUCTION: 0 none, 1 sum, 2 mean."""
+    b = tl.program_id(2).to(tl.int64)
+    row = b * rows + tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask = cols < V
+    t = tl.load(TARGET + row).to(tl.int64)
+    if REDUCTION == 0:
+        g = tl.load(DLOSS + row).to(tl.float32)
+    else:
+        g = tl.load(DLOSS + b).to(tl.float32)
+        if REDUCTION == 2:
+            g = g / tl.load(COUNT + b)
+    g = tl.where(t == ignore_index, 0.0, g)
+    x = tl.load(LOGITS + row * stride_row + cols, mask=mask, other=0.0).to(tl.float32)
+    d = tl.exp(x - tl.load(LSE + row)) - tl.where(cols == t, 1.0 - smoothing, 0.0)
+    if SMOOTH:
+        d -= smoothing / V
+    tl.store(DLOGITS + row * V + cols, (g * d).to(DLOGITS.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# validation and plans
+
+
+def check(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0) -> None:
+    checks.check_float(NAME, "logits", logits)
+    if len(logits.shape) != 2:
+        raise ValueError(f"{NAME}: logits must be 2-D (N, V), got shape {tuple(logits.shape)}")
+    if logits.shape[1] < 1:
+        raise ValueError(f"{NAME}: logits must have at least one class, got shape {tuple(logits.shape)}")
+    if dtype_name(target.dtype) not in TARGET_DTYPES:
+        raise TypeError(f"{NAME}: target must have dtype int32 or int64, got {dtype_name(target.dtype)}")
+    checks.check_shape(NAME, "target", target, logits.shape[:1], "one class index per row of logits")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{NAME}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{NAME}: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if not isinstance(ignore_index, int):
+        raise TypeError(f"{NAME}: ignore_index must be an int, got {ignore_index!r}")
+
+
+def forward(
+    batch: int, rows: int, n_classes: int, *, dtype: str, target_dtype: str, reduction: str, ignore_index: int,
+    label_smoothing: float, target: Target, stride_row: int | None = None,
+) -> Plan:  # fmt: skip
+    """Inputs logits (batch*rows rows of n_classes, row stride stride_row), target (batch*rows,).
+    Outputs loss ((batch, rows) for 'none', else (batch,)) in logits' dtype, lse (batch, rows) and count (batch,)
+    fp32 (count: non-ignored rows; zeros for 'none')."""
+    reduced = reduction != "none"
+    empty = batch * rows == 0
+    reducing = reduced and batch > 0  # a reduction launch runs (also for rows == 0: the mean of nothing is NaN)
+    buffers = {
+        "loss": BufferSpec((batch,) if reduced else (batch, rows), dtype, zeroed=empty and not reducing),
+        "lse": BufferSpec((batch, rows), "float32", zeroed=empty),
+        "count": BufferSpec((batch,), "float32", zeroed=not reducing),
+    }
+    if reduced:  # per-row losses and valid flags; at least one column, so that no rows still has a pointer
+        buffers |= {n: BufferSpec((batch, max(rows, 1)), "float32", zeroed=empty) for n in ("row_loss", "valid")}
+    launches = []
+    if not empty:
+        block, one_block, warps = row_block(n_classes, target)
+        launches.append(
+            Launch(
+                cross_entropy_fwd_kernel,
+                grid=(rows, batch),
+                reads=("logits", "target", rows, n_classes, n_classes if stride_row is None else stride_row,
+                       ignore_index, float(label_smoothing)),
+                writes=("row_loss" if reduced else "loss", "lse", "valid" if reduced else None),
+                constexprs=dict(BLOCK_V=block, ONE_BLOCK=one_block, SMOOTH=label_smoothing > 0, HAS_VALID=reduced),
+                num_warps=warps,
+            )
+        )  # fmt: skip
+    if reducing:
+        block = min(1024, next_power_of_2(max(rows, 1)))
+        launches.append(
+            Launch(loss_reduce_kernel, (batch,), ("row_loss", "valid", rows, max(rows, 1)), ("loss", "count"),
+                   dict(BLOCK=block, MEAN=reduction == "mean"), num_warps=4)
+        )  # fmt: skip
+    return Plan({"logits": dtype, "target": target_dtype}, buffers, tuple(launches), ("loss", "lse", "count"))
+
+
+def backward(
+    batch: int, rows: int, n_classes: int, *, dtype: str, target_dtype: str, reduction: str, ignore_index: int,
+    label_smoothing: float, target: Target, stride_row: int | None = None,
+) -> Plan:  # fmt: skip
+    """Inputs logits, target, lse, dloss (shaped as the forward's loss), count; output dlogits (batch, rows, V)."""
+    empty = batch * rows == 0
+    buffers = {"dlogits": BufferSpec((batch, rows, n_classes), dtype, zeroed=empty)}
+    launches = ()
+    if not empty:
+        block = min(4096, next_power_of_2(n_classes))
+        warps = max(1, min(16, block // (target.warp_size * 8)))
+        launches = (
+            Launch(
+                cross_entropy_bwd_kernel,
+                grid=(rows, cdiv(n_classes, block), batch),
+                reads=("logits", "target", "lse", "dloss", "count", rows, n_classes,
+                       n_classes if stride_row is None else stride_row, ignore_index, float(label_smoothing)),
+                writes=("dlogits",),
+                constexprs=dict(BLOCK_V=block, REDUCTION=REDUCTIONS.index(reduction), SMOOTH=label_smoothing > 0),
+                num_warps=warps,
+            ),
+        )  # fmt: skip
+    inputs = {"logits": dtype, "target": target_dtype, "lse": "float32", "dloss": dtype, "count": "float32"}
+    return Plan(inputs, buffers, launches, ("dlogits",))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# reference, cost, samples
+
+
+def _row_terms(logits, target, ignore_index):
+    x = logits.astype(np.float64)
+    m = np.max(x, axis=-1, keepdims=True)
+    lse = (m + np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True)))[:, 0]
+    valid = target != ignore_index
+    picked = x[np.arange(len(x)), np.where(valid, target, 0)]
+    return x, lse, valid, picked
+
+
+def reference(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    x, lse, valid, picked = _row_terms(logits, target, ignore_index)
+    eps = label_smoothing
+    loss = np.where(valid, (1 - eps) * (lse - picked) + eps * (lse - x.mean(axis=-1)), 0.0)
+    if reduction == "none":
+        return (loss,)
+    if reduction == "sum":
+        return (np.asarray(loss.sum()),)
+    with np.errstate(invalid="ignore"):
+        return (np.asarray(loss.sum() / valid.sum()),)
+
+
+def reference_vjp(kwargs, cotangents):
+    logits, target = kwargs["logits"], kwargs["target"]
+    ignore_index, reduction = kwargs.get("ignore_index", -100), kwargs.get("reduction", "mean")
+    eps = kwargs.get("label_smoothing", 0.0)
+    x, lse, valid, _ = _row_terms(logits, target, ignore_index)
+    g = cotangents[0].astype(np.float64)
+    if reduction == "mean":
+        g = g / valid.sum()
+    g = np.where(valid, np.broadcast_to(g, valid.shape), 0.0)[:, None]
+    onehot = np.zeros_like(x)
+    onehot[np.arange(len(x)), np.where(valid, target, 0)] = 1.0
+    return {"logits": g * (np.exp(x - lse[:, None]) - (1 - eps) * onehot - eps / x.shape[-1])}
+
+
+def cost(kwargs) -> tuple[Cost, Cost]:
+    logits, target = kwargs["logits"], kwargs["target"]
+    rows, classes = logits.shape
+    item, titem = ITEMSIZE[str(logits.dtype)], ITEMSIZE[str(target.dtype)]
+    fwd = Cost(rows * classes * item + rows * (titem + 8), 4 * rows * classes)
+    bwd = Cost(2 * rows * classes * item + rows * (titem + 4), 4 * rows * classes)
+    return fwd, bwd
+
+
+def sample(rng: np.random.Generator, shape, dtype: str, reduction="mean", label_smoothing=0.0, ignore=False) -> dict:
+    """Logits (prod(shape[:-1]), max(shape[-1], 1)); with ignore, about a fifth of the targets are ignore_index."""
+    rows, classes = int(np.prod(shape[:-1])), max(shape[-1], 1)
+    target = rng.integers(0, classes, rows)
+    if ignore:
+        target = np.where(rng.random(rows) < 0.2, -100, target)
+    return {"logits": round_to(rng.standard_normal((rows, classes)) * 3.0, dtype), "target": target.astype(np.int64),
+            "ignore_index": -100, "reduction": reduction, "label_smoothing": label_smoothing}  # fmt: skip
+
+
+def bad_inputs(kwargs) -> list[BadInput]:
+    logits, target = kwargs["logits"], kwargs["target"]
+    return [
+        BadInput({"logits": logits[None]}, ValueError, "cross_entropy: logits must be 2-D"),
+        BadInput({"logits": logits.astype(np.int32)}, TypeError, "cross_entropy: logits must have dtype"),
+        BadInput({"target": target.astype(np.float32)}, TypeError, "cross_entropy: target must have dtype int32"),
+        BadInput({"target": target[:-1]}, ValueError, "cross_entropy: target must have shape"),
+        BadInput({"reduction": "avg"}, ValueError, "cross_entropy: reduction must be one of"),
+        BadInput({"label_smoothing": 1.5}, ValueError, "cross_entropy: label_smoothing must be in"),
+    ]
+
+
+def plans(target: Target):
+    for dtype in FLOAT_DTYPES:
+        for target_dtype in TARGET_DTYPES:
+            for n in WIDTH_BUCKETS:
+                for reduction in REDUCTIONS:
+                    for smoothing in (0.0, 0.1):
+                        kw = dict(dtype=dtype, target_dtype=target_dtype, reduction=reduction, ignore_index=-100,
+                                  label_smoothing=smoothing, target=target)  # fmt: skip
+                        yield forward(1, 4, n, **kw)
+                        yield backward(1, 4, n, **kw)
+
+
+INFO = register(
+    OpInfo(
+        name=NAME,
+        sample=sample,
+        options={"reduction": REDUCTIONS, "label_smoothing": (0.0, 0.1), "ignore": (False, True)},
+        reference=reference,
+        reference_vjp=reference_vjp,
+        grad_args=("logits",),
+        cost=cost,
+        bad_inputs=bad_inputs,
+        plans=plans,
+    )
+)

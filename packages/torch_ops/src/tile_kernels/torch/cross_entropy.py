@@ -1,0 +1,73 @@
+"""torch adapter of tile_kernels.core.cross_entropy: ops tile_kernels::cross_entropy_fwd / _bwd with autograd."""
+
+from __future__ import annotations
+
+import torch
+from torch.library import triton_op
+
+from tile_kernels.core import cross_entropy as core
+from tile_kernels.core import dtype_name
+
+from ._runtime import as_rows, check_device, register_public_op, run_plan, target
+
+
+def _settings(logits, labels, ignore_index, reduction, label_smoothing):
+    return dict(dtype=dtype_name(logits.dtype), target_dtype=dtype_name(labels.dtype), reduction=reduction,
+                ignore_index=ignore_index, label_smoothing=label_smoothing, target=target(logits.device))  # fmt: skip
+
+
+@triton_op("tile_kernels::cross_entropy_fwd", mutates_args=())
+def cross_entropy_fwd(
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (loss, lse, count): loss () or (N,) in logits' dtype; lse (N,) and count (1,) fp32 for the backward."""
+    rows, classes = logits.shape
+    logits2, stride = as_rows(logits, classes)
+    settings = _settings(logits, target, ignore_index, reduction, label_smoothing)
+    plan = core.forward(1, rows, classes, stride_row=stride, **settings)
+    loss, lse, count = run_plan(plan, logits2, target.contiguous(), device=logits.device)
+    return loss.view(() if reduction != "none" else (rows,)), lse.view(rows), count
+
+
+@triton_op("tile_kernels::cross_entropy_bwd", mutates_args=())
+def cross_entropy_bwd(
+    dloss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, count: torch.Tensor,
+    ignore_index: int, reduction: str, label_smoothing: float,
+) -> torch.Tensor:  # fmt: skip
+    rows, classes = logits.shape
+    logits2, stride = as_rows(logits, classes)
+    settings = _settings(logits, target, ignore_index, reduction, label_smoothing)
+    plan = core.backward(1, rows, classes, stride_row=stride, **settings)
+    inputs = (logits2, target.contiguous(), lse, dloss.contiguous(), count)
+    return run_plan(plan, *inputs, device=logits.device)[0].view(rows, classes)
+
+
+def _setup_context(ctx, inputs, output):
+    logits, target, ctx.ignore_index, ctx.reduction, ctx.label_smoothing = inputs
+    _, lse, count = output
+    ctx.save_for_backward(logits, target, lse, count)
+
+
+def _backward(ctx, dloss, _dlse, _dcount):
+    dlogits = cross_entropy_bwd(dloss, *ctx.saved_tensors, ctx.ignore_index, ctx.reduction, ctx.label_smoothing)
+    return dlogits, None, None, None, None
+
+
+cross_entropy_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:  # fmt: skip
+    """As F.cross_entropy(logits, target, ...) for 2-D logits (N, V) and integer class targets."""
+    core.check(logits, target, ignore_index, reduction, label_smoothing)
+    check_device(core.NAME, logits=logits, target=target)
+    return cross_entropy_fwd(logits, target, ignore_index, reduction, float(label_smoothing))[0]
+
+
+register_public_op(
+    "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, str reduction='mean', "
+    "float label_smoothing=0.0) -> Tensor",
+    cross_entropy,
+)
