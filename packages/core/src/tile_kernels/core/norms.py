@@ -42,6 +42,13 @@ def _load_sum(x_ptr, r_ptr, h_ptr, cols, mask, HAS_RESIDUAL: tl.constexpr):
 
 
 @triton.jit
+def _mean(total, N):
+    """total / N rounded correctly (IEEE division, not the approximate one): a row whose values are all equal must
+    centre to exactly zero, since rstd = 1/sqrt(eps) then magnifies any residue (n = 1 rows, constant rows)."""
+    return tl.math.div_rn(total, N * 1.0)
+
+
+@triton.jit
 def _row_stats(MEAN, RSTD, row, IS_RMS: tl.constexpr):
     """(mean, rstd) the forward saved for a row; rms_norm has no mean."""
     if IS_RMS:
@@ -69,9 +76,9 @@ def norm_fwd_kernel(
         mask = cols < N
         xc = _load_sum(x_ptr, r_ptr, h_ptr, cols, mask, HAS_RESIDUAL)
         if not IS_RMS:
-            mean = tl.sum(xc, axis=0) / N
+            mean = _mean(tl.sum(xc, axis=0), N)
             xc = tl.where(mask, xc - mean, 0.0)
-        rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+        rstd = tl.rsqrt(_mean(tl.sum(xc * xc, axis=0), N) + eps)
         y = xc * rstd * tl.load(w_ptr + cols, mask=mask).to(tl.float32)
         if HAS_BIAS:
             y += tl.load(b_ptr + cols, mask=mask).to(tl.float32)
@@ -84,14 +91,14 @@ def norm_fwd_kernel(
             h = _load_sum(x_ptr, r_ptr, h_ptr, cols, cols < N, HAS_RESIDUAL)
             acc += h if not IS_RMS else h * h
         if not IS_RMS:  # pass 2: the variance about the mean, not E[h^2] - mean^2 (no cancellation)
-            mean = tl.sum(acc, axis=0) / N
+            mean = _mean(tl.sum(acc, axis=0), N)
             acc = tl.zeros([BLOCK_N], dtype=tl.float32)
             for start in range(0, N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 mask = cols < N
                 d = tl.where(mask, tl.load(src + cols, mask=mask, other=0.0).to(tl.float32) - mean, 0.0)
                 acc += d * d
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        rstd = tl.rsqrt(_mean(tl.sum(acc, axis=0), N) + eps)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < N
@@ -131,9 +138,9 @@ def norm_bwd_kernel(
             xhat = tl.where(mask, (h - mean) * rstd, 0.0)
             dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
             wdy = w * dy
-            dx = wdy - xhat * (tl.sum(xhat * wdy, axis=0) / N)
+            dx = wdy - xhat * (_mean(tl.sum(xhat * wdy, axis=0), N))
             if not IS_RMS:
-                dx -= tl.sum(wdy, axis=0) / N
+                dx -= _mean(tl.sum(wdy, axis=0), N)
             dx *= rstd
             if HAS_DH:
                 dx += tl.load(DH + row * stride_dh + cols, mask=mask, other=0.0).to(tl.float32)
@@ -158,8 +165,8 @@ def norm_bwd_kernel(
                 ).to(tl.float32)
                 acc_xg += tl.where(mask, (h - mean) * rstd, 0.0) * wdy
                 acc_g += wdy
-            c_xg = tl.sum(acc_xg, axis=0) / N
-            c_g = 0.0 if IS_RMS else tl.sum(acc_g, axis=0) / N
+            c_xg = _mean(tl.sum(acc_xg, axis=0), N)
+            c_g = 0.0 if IS_RMS else _mean(tl.sum(acc_g, axis=0), N)
             for start in range(0, N, BLOCK_N):  # pass 2: dx, and the partial sums
                 cols = start + tl.arange(0, BLOCK_N)
                 mask = cols < N

@@ -66,6 +66,10 @@ def run_plan(plan: Plan, kind: str, *inputs: jax.Array) -> tuple[jax.Array, ...]
         return tuple(jax.pure_callback(functools.partial(host.run_plan, plan), specs, *inputs))
     jax_triton = _import_jax_triton()
     bufs = dict(zip(plan.inputs, inputs, strict=True))
+    written = {w for launch in plan.launches for w in launch.writes}
+    for name, spec in plan.buffers.items():  # zeroed buffers no launch writes (empty problems) may still be read
+        if name not in written:
+            bufs[name] = jnp.zeros(spec.shape, _dtype(spec.dtype))
     for launch in plan.launches:
         # jax-triton passes Python floats as fp64; Triton's launcher (torch, interpreter) as fp32
         args = [np.float32(a) if isinstance(a, float) else a for a in launch.arguments(bufs, with_writes=False)]
@@ -80,9 +84,6 @@ def run_plan(plan: Plan, kind: str, *inputs: jax.Array) -> tuple[jax.Array, ...]
             num_stages=launch.num_stages, zeroed_outputs=zeroed, **launch.constexprs,
         )  # fmt: skip
         bufs.update((w, r) for w, r in zip(launch.writes, results) if w is not None)
-    for name, spec in plan.buffers.items():  # zeroed buffers of empty problems, written by no launch
-        if name not in bufs:
-            bufs[name] = jnp.zeros(spec.shape, _dtype(spec.dtype))
     return tuple(bufs[name] for name in plan.outputs)
 
 
