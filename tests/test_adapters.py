@@ -77,6 +77,26 @@ def test_jax_vmap_is_one_launch_and_matches_a_loop(weight_batched):
 
 
 @needs_jax
+@pytest.mark.parametrize("tables_batched", [False, True])
+def test_jax_vmap_of_rotary_is_one_launch(tables_batched):
+    import jax
+    import jax.numpy as jnp
+
+    import tile_kernels.jax as tk
+
+    x = jax.random.normal(jax.random.key(0), (3, 2, 5, 4, 16), jnp.float32)  # vmapped axis, then (B, S, H, D)
+    angles = jax.random.uniform(jax.random.key(1), (3, 5, 8) if tables_batched else (5, 8))
+    axes = (0, 0, 0) if tables_batched else (0, None, None)
+    f = jax.vmap(lambda x, c, s: tk.apply_rotary(x, c, s, interleaved=True), in_axes=axes)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    assert _kernel_calls(jax.make_jaxpr(f)(x, cos, sin)) == 1
+    out = f(x, cos, sin)
+    for i in range(3):
+        c, s = (cos[i], sin[i]) if tables_batched else (cos, sin)
+        np.testing.assert_allclose(out[i], tk.apply_rotary(x[i], c, s, interleaved=True), rtol=1e-6, atol=1e-6)
+
+
+@needs_jax
 def test_jax_per_example_weight_grads_under_vmap():
     """vmap(grad) gives each example its own weight gradient (the batch is folded per problem, not summed)."""
     import jax

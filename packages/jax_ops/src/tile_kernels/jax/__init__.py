@@ -6,7 +6,8 @@ Without either, a call raises a clear error; there is no silent fallback to a jn
 
 from .cross_entropy import cross_entropy
 from .norms import layer_norm, rms_norm
+from .rotary import apply_rotary
 from .softmax import softmax
 from .swiglu import swiglu
 
-__all__ = ["cross_entropy", "layer_norm", "rms_norm", "softmax", "swiglu"]
+__all__ = ["apply_rotary", "cross_entropy", "layer_norm", "rms_norm", "softmax", "swiglu"]

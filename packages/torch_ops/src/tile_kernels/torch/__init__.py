@@ -5,11 +5,12 @@ TRITON_INTERPRET=1 was set before import, and a call raises a clear error otherw
 
 from .cross_entropy import cross_entropy, cross_entropy_bwd, cross_entropy_fwd
 from .norms import layer_norm, layer_norm_bwd, layer_norm_fwd, rms_norm, rms_norm_bwd, rms_norm_fwd
+from .rotary import apply_rotary, apply_rotary_bwd, apply_rotary_fwd
 from .softmax import softmax, softmax_bwd, softmax_fwd
 from .swiglu import swiglu, swiglu_bwd, swiglu_fwd
 
 __all__ = [
-    "cross_entropy", "cross_entropy_bwd", "cross_entropy_fwd",
+    "apply_rotary", "apply_rotary_bwd", "apply_rotary_fwd", "cross_entropy", "cross_entropy_bwd", "cross_entropy_fwd",
     "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
     "softmax", "softmax_bwd", "softmax_fwd", "swiglu", "swiglu_bwd", "swiglu_fwd",
 ]  # fmt: skip

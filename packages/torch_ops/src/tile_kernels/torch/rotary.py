@@ -1,0 +1,54 @@
+"""torch adapter of tile_kernels.core.rotary: ops tile_kernels::apply_rotary_fwd / _bwd with autograd."""
+
+from __future__ import annotations
+
+import torch
+from torch.library import triton_op
+
+from tile_kernels.core import dtype_name
+from tile_kernels.core import rotary as core
+
+from ._runtime import as_rows, check_device, register_public_op, run_plan, target
+
+
+def _rotate(x, cos, sin, interleaved, conjugate):
+    batch, seqlen, heads, head_dim = x.shape
+    x2, stride = as_rows(x, head_dim)
+    plan = core.rotate(
+        1, x2.shape[0], seqlen, heads, head_dim, dtype=dtype_name(x.dtype), table_dtype=dtype_name(cos.dtype),
+        interleaved=interleaved, conjugate=conjugate, target=target(x.device), stride_x=stride,
+    )  # fmt: skip
+    return run_plan(plan, x2, cos.contiguous(), sin.contiguous(), device=x.device)[0].view(x.shape)
+
+
+@triton_op("tile_kernels::apply_rotary_fwd", mutates_args=())
+def apply_rotary_fwd(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    return _rotate(x, cos, sin, interleaved, conjugate=False)
+
+
+@triton_op("tile_kernels::apply_rotary_bwd", mutates_args=())
+def apply_rotary_bwd(dy: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """The rotation by the opposite angle."""
+    return _rotate(dy, cos, sin, interleaved, conjugate=True)
+
+
+def _setup_context(ctx, inputs, output):
+    _, cos, sin, ctx.interleaved = inputs
+    ctx.save_for_backward(cos, sin)
+
+
+def _backward(ctx, dy):
+    return apply_rotary_bwd(dy, *ctx.saved_tensors, ctx.interleaved), None, None, None
+
+
+apply_rotary_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """Rotary embedding of x (B, S, H, D) by cos/sin (S, D/2); GPT-NeoX halves, GPT-J pairs when interleaved."""
+    core.check(x, cos, sin, interleaved)
+    check_device(core.NAME, x=x, cos=cos, sin=sin)
+    return apply_rotary_fwd(x, cos, sin, bool(interleaved))
+
+
+register_public_op("apply_rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor", apply_rotary)
