@@ -37,7 +37,7 @@ class OpInfo:
     sample: Callable[..., dict]
     # choices the tests draw for sample's options, e.g. {"residual": (False, True)}
     options: Mapping[str, tuple]
-    # reference(**kwargs, compute=np.float64) -> tuple of outputs in the compute dtype
+    # reference(**kwargs) -> tuple of the outputs in float64 (intermediates the op returns rounded as it stores them)
     reference: Callable[..., tuple]
     # reference_vjp(kwargs, cotangents) -> {argument name: float64 gradient} for the names in grad_args
     reference_vjp: Callable[[dict, tuple], dict]
