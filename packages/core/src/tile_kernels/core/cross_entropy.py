@@ -21,7 +21,7 @@ import triton.language as tl
 from . import checks
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, register, round_to
-from .rows import WIDTH_BUCKETS, row_block
+from .rows import WIDTH_BUCKETS, online_max_sum_step, online_max_sum_total, row_block
 
 NAME = "cross_entropy"
 REDUCTIONS = ("none", "sum", "mean")
@@ -54,14 +54,11 @@ def cross_entropy_fwd_kernel(
         for start in range(0, V, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             x = tl.load(x_ptr + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
-            m_new = tl.maximum(m_lane, x)
-            seen = m_new > -float("inf")  # lanes that have met a finite value (avoids -inf - -inf)
-            s_lane = tl.where(seen, s_lane * tl.exp(m_lane - m_new) + tl.exp(x - m_new), 0.0)
-            m_lane = m_new
+            m_lane, s_lane = online_max_sum_step(m_lane, s_lane, x)
             if SMOOTH:
                 x_lane += tl.where(cols < V, x, 0.0)
-        m = tl.max(m_lane, axis=0)
-        lse = m + tl.log(tl.sum(tl.where(m_lane > -float("inf"), s_lane * tl.exp(m_lane - m), 0.0), axis=0))
+        m, s = online_max_sum_total(m_lane, s_lane)
+        lse = m + tl.log(s)
         if SMOOTH:
             sum_x = tl.sum(x_lane, axis=0)
     t = tl.load(TARGET + row).to(tl.int64)

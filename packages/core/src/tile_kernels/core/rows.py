@@ -43,6 +43,21 @@ def programs_per_problem(rows: int, target: Target, waves: int = 4) -> int:
 
 
 @triton.jit
+def online_max_sum_step(m_lane, s_lane, x):
+    """One chunk of a streamed row: per-lane running max and sum of exp(x - max), the sum rescaled when the max
+    grows. Lanes that have met no finite value keep sum 0 (avoids -inf - -inf)."""
+    m_new = tl.maximum(m_lane, x)
+    return m_new, tl.where(m_new > -float("inf"), s_lane * tl.exp(m_lane - m_new) + tl.exp(x - m_new), 0.0)
+
+
+@triton.jit
+def online_max_sum_total(m_lane, s_lane):
+    """(max, sum of exp(x - max)) of the whole row from the per-lane running values."""
+    m = tl.max(m_lane, axis=0)
+    return m, tl.sum(tl.where(m_lane > -float("inf"), s_lane * tl.exp(m_lane - m), 0.0), axis=0)
+
+
+@triton.jit
 def sum_partials_kernel(
     PARTIAL,  # (B, G, N) fp32
     G,

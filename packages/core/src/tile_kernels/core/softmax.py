@@ -19,7 +19,7 @@ import triton.language as tl
 from . import checks
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target
 from .registry import BadInput, Cost, OpInfo, register, round_to
-from .rows import row_block, row_op_plans
+from .rows import online_max_sum_step, online_max_sum_total, row_block, row_op_plans
 
 NAME = "softmax"
 
@@ -41,12 +41,8 @@ def softmax_fwd_kernel(X, N, stride_x, Y, BLOCK_N: tl.constexpr, ONE_BLOCK: tl.c
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             x = tl.load(x_ptr + cols, mask=cols < N, other=-float("inf")).to(tl.float32)
-            m_new = tl.maximum(m_lane, x)
-            seen = m_new > -float("inf")  # lanes that have met a finite value (avoids -inf - -inf)
-            s_lane = tl.where(seen, s_lane * tl.exp(m_lane - m_new) + tl.exp(x - m_new), 0.0)
-            m_lane = m_new
-        m = tl.max(m_lane, axis=0)
-        s = tl.sum(tl.where(m_lane > -float("inf"), s_lane * tl.exp(m_lane - m), 0.0), axis=0)
+            m_lane, s_lane = online_max_sum_step(m_lane, s_lane, x)
+        m, s = online_max_sum_total(m_lane, s_lane)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < N
