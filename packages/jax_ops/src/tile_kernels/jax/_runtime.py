@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -60,10 +61,20 @@ def _import_jax_triton():
     return jax_triton
 
 
+_HOST_LOCK = threading.Lock()
+
+
+def _run_host_plan(plan: Plan, *inputs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Triton's interpreter patches global state while it runs a kernel, and XLA runs the callbacks of a sharded
+    program (one per device) on concurrent threads: one interpreted plan at a time."""
+    with _HOST_LOCK:
+        return host.run_plan(plan, *inputs)
+
+
 def run_plan(plan: Plan, kind: str, *inputs: jax.Array) -> tuple[jax.Array, ...]:
     specs = [jax.ShapeDtypeStruct(plan.buffers[n].shape, _dtype(plan.buffers[n].dtype)) for n in plan.outputs]
     if kind == "interpret":
-        return tuple(jax.pure_callback(functools.partial(host.run_plan, plan), specs, *inputs))
+        return tuple(jax.pure_callback(functools.partial(_run_host_plan, plan), specs, *inputs))
     jax_triton = _import_jax_triton()
     bufs = dict(zip(plan.inputs, inputs, strict=True))
     written = {w for launch in plan.launches for w in launch.writes}
