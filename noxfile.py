@@ -1,4 +1,4 @@
-"""Sessions: tests (CPU, Triton interpreter), gpu_tests-cuda, gpu_tests-rocm, sanitize-cuda, aot, example, lint.
+"""Sessions: tests (CPU, Triton interpreter), gpu_tests-cuda, gpu_tests-rocm, sanitize-cuda, bench, aot, example, lint.
 
 `nox -l` lists them. The CPU sessions install torch's CPU build first (TILE_KERNELS_TORCH overrides the requirement),
 so that nothing later pulls a multi-GB CUDA build."""
@@ -89,6 +89,18 @@ def sanitize_cuda(session):
     sanitizer = ["compute-sanitizer", "--error-exitcode", "1", "--target-processes", "all"]
     session.run(*sanitizer, "--tool", "memcheck", *pytest, "tests/test_ops.py", env=env, external=True)
     session.run(*sanitizer, "--tool", "racecheck", *pytest, "tests/test_ops.py", "-k", "torch", env=env, external=True)
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def bench(session):
+    """`tile-kernels bench` on this machine's GPU (TILE_KERNELS_GPU_VENDOR=rocm for AMD), with the peers it finds
+    (Liger-Kernel installed if missing) and matplotlib for the plots. Arguments go to the command, e.g.
+    `nox -s bench -- --op rms_norm --out benchmarks/results/h200`."""
+    env = _gpu_setup(session, os.environ.get("TILE_KERNELS_GPU_VENDOR", "cuda"))
+    for module, dist in (("matplotlib", "matplotlib"), ("liger_kernel", "liger-kernel")):
+        if not _has(session, module):
+            session.install(dist)
+    session.run("python3", "-m", "tile_kernels.core.cli", "bench", *session.posargs, env=env)
 
 
 @nox.session

@@ -1,6 +1,7 @@
 """The `tile-kernels` command.
 
 tile-kernels aot [--target cuda:90 --target hip:gfx942 ...] [--op rms_norm] [--out DIR] [--jobs N] [--list]
+tile-kernels bench [--op rms_norm] [--width 4096] [--dtype bfloat16] [--out DIR] [--render JSON]   (see bench --help)
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def _aot(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # its own parser: tile-kernels bench --help
+        from . import bench
+
+        return bench.main(argv[1:])
     parser = argparse.ArgumentParser(prog="tile-kernels", description="tile-kernels tools")
     commands = parser.add_subparsers(dest="command", required=True)
     aot = commands.add_parser(
@@ -61,6 +67,9 @@ def main(argv=None) -> int:
     aot.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes (default: all cores)")
     aot.add_argument("--list", action="store_true", help="list the configurations instead of compiling")
     aot.add_argument("--quiet", action="store_true", help="no progress bar")
+    commands.add_parser(
+        "bench", add_help=False, help="benchmark every op against the measured ceilings and its peers (GPU)"
+    )
     args = parser.parse_args(argv)
     return {"aot": _aot}[args.command](args)
 

@@ -1,0 +1,309 @@
+"""`tile-kernels bench`: every registered op, a shape sweep, forward and backward, against the ceilings and the peers
+measured in the same run.
+
+The harness here is framework-neutral: it builds the cases (inputs drawn by each op's own `sample`, random, never
+zeros; every case holds >= 2^26 elements per large tensor, so each call streams well past the 50-60 MB L2 and the
+timer also flushes L2 between calls), turns times into GB/s and TFLOP/s from the op's cost metadata, and writes JSON,
+CSV, a markdown table and PNG plots. Framework providers (`tile_kernels.torch.bench`, `tile_kernels.jax.bench`) own
+the implementations (tile-kernels itself and its peers: torch eager, torch.compile, Liger, the jax.jit reference,
+Pallas ops) and their timers. A peer that lacks an op or fails is recorded with the reason, never dropped silently.
+
+    tile-kernels bench --out results/            # default sweep, bfloat16
+    tile-kernels bench --op rms_norm --dtype float32 --width 4096 --width 65536
+    tile-kernels bench --render results/results.json --out results/    # tables and plots again, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .registry import REGISTRY, Cost
+
+WIDTHS = (256, 1024, 4096, 16384, 65536, 262144)
+ELEMENTS = 1 << 26  # per large tensor: 128 MiB in bfloat16
+# The configuration users run (sample's options otherwise): fused residual, bias, the last dim, plain mean loss.
+OPTIONS = {
+    "rms_norm": {"residual": True, "eps": 1e-6},
+    "layer_norm": {"residual": True, "bias": True, "eps": 1e-5},
+    "softmax": {"last_dim": True},
+    "cross_entropy": {"reduction": "mean", "label_smoothing": 0.0, "ignore": True},
+    "apply_rotary": {"interleaved": False, "fp32_tables": True},
+}
+
+
+def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
+    """The shapes an op is benchmarked at: rows x width with rows x width = elements, except where the op's shape is
+    not a row width (rotary: (B, S, H, head_dim) of Llama-like heads)."""
+    if op == "apply_rotary":
+        return [(4, max(1, elements // (4 * 32 * d)), 32, d) for d in (64, 128)]
+    return [(max(1, elements // w), w) for w in widths]
+
+
+@dataclass
+class Case:
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    kwargs: dict  # NumPy arrays and attributes, as OpInfo.sample returns them
+    cost: tuple[Cost, Cost]  # forward, backward
+
+
+@dataclass
+class Record:
+    op: str
+    shape: str
+    dtype: str
+    direction: str  # "fwd" | "bwd"
+    impl: str
+    ms: float | None
+    gbs: float | None = None
+    tflops: float | None = None
+    of_ceiling: float | None = None  # floor time / time; floor = max(bytes / copy, flops / gemm), both measured
+    vs_compile: float | None = None  # torch.compile time / this time (> 1: faster than torch.compile)
+    peak_mib: float | None = None  # peak device memory of one forward + backward above the inputs (torch impls)
+    note: str = ""
+
+
+@dataclass
+class Ceilings:
+    copy_gbs: float
+    gemm_tflops: float
+
+    def floor_ms(self, cost: Cost) -> float:
+        return max(cost.bytes / self.copy_gbs / 1e6, cost.flops / self.gemm_tflops / 1e9)
+
+
+@dataclass
+class Timing:
+    """What a provider returns for one implementation of one case."""
+
+    impl: str
+    fwd_ms: float | None
+    bwd_ms: float | None
+    peak_mib: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Meta:
+    gpu: str
+    date: str
+    versions: dict
+    ceilings: Ceilings
+    command: str
+    extra: dict = field(default_factory=dict)
+
+
+def cases(ops, widths, dtypes, elements: int, seed: int = 0) -> Iterator[Case]:
+    rng = np.random.default_rng(seed)
+    for op in ops:
+        info = REGISTRY[op]
+        for shape in shapes(op, widths, elements):
+            for dtype in dtypes:
+                kwargs = info.sample(rng, shape, dtype, **OPTIONS.get(op, {}))
+                yield Case(op, shape, dtype, kwargs, info.cost(kwargs))
+
+
+def records(case: Case, timings: list[Timing], ceilings: Ceilings) -> list[Record]:
+    out = []
+    compiled = next((t for t in timings if t.impl == "torch.compile"), None)
+    for t in timings:
+        for direction, ms, cost, ref in (
+            ("fwd", t.fwd_ms, case.cost[0], compiled and compiled.fwd_ms),
+            ("bwd", t.bwd_ms, case.cost[1], compiled and compiled.bwd_ms),
+        ):
+            if ms is None and not t.note:
+                continue
+            r = Record(case.op, "x".join(map(str, case.shape)), case.dtype, direction, t.impl, ms,
+                       peak_mib=t.peak_mib, note=t.note)  # fmt: skip
+            if ms:
+                r.gbs, r.tflops = cost.bytes / ms / 1e6, cost.flops / ms / 1e9
+                r.of_ceiling = ceilings.floor_ms(cost) / ms
+                r.vs_compile = ref / ms if ref else None
+            out.append(r)
+    return out
+
+
+def progress(done: int, total: int, started: float, line: str) -> None:
+    eta = (time.perf_counter() - started) / max(done, 1) * (total - done)
+    print(f"[{done}/{total} eta {eta:4.0f}s] {line}", file=sys.stderr, flush=True)
+
+
+def summary_line(case: Case, timings: list[Timing], ceilings: Ceilings) -> str:
+    parts = []
+    for t in timings:
+        if t.fwd_ms is None:
+            parts.append(f"{t.impl}: {t.note[:60]}")
+            continue
+        pct = 100 * ceilings.floor_ms(case.cost[0]) / t.fwd_ms
+        bwd = f"/{100 * ceilings.floor_ms(case.cost[1]) / t.bwd_ms:.0f}" if t.bwd_ms else ""
+        parts.append(f"{t.impl} {pct:.0f}{bwd}%")
+    return f"{case.op} {case.dtype} {'x'.join(map(str, case.shape))} (fwd/bwd of ceiling): " + ", ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------------ outputs
+
+
+def write(out_dir: str, meta: Meta, recs: list[Record]) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"meta": asdict(meta), "records": [asdict(r) for r in recs]}, f, indent=1)
+    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(asdict(recs[0]) if recs else Record.__dataclass_fields__))
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in recs)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(markdown(meta, recs))
+    plot(out_dir, recs)
+
+
+def load(path: str) -> tuple[Meta, list[Record]]:
+    with open(path) as f:
+        data = json.load(f)
+    m = data["meta"]
+    meta = Meta(**{**m, "ceilings": Ceilings(**m["ceilings"])})
+    return meta, [Record(**r) for r in data["records"]]
+
+
+def _fmt(value, spec: str, missing: str = "") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def markdown(meta: Meta, recs: list[Record]) -> str:
+    c = meta.ceilings
+    versions = ", ".join(f"{k} {v}" for k, v in meta.versions.items())
+    lines = [
+        f"# tile-kernels bench: {meta.gpu}, {meta.date}",
+        "",
+        f"Ceilings measured in the same run: device copy {c.copy_gbs:.0f} GB/s, dense bf16 GEMM "
+        f"{c.gemm_tflops:.0f} TFLOP/s. `of ceiling` = max(bytes / copy, flops / GEMM) / time, from the op's cost "
+        "metadata (algorithmic bytes: each input read once, each output written once). `vs compile` = torch.compile "
+        "time / this time. Peak = device memory of one forward + backward above the inputs.",
+        "",
+        f"Versions: {versions}. Command: `{meta.command}`.",
+        "",
+    ]
+    for op in dict.fromkeys(r.op for r in recs):
+        lines += [f"## {op}", "", "| shape | dtype | dir | impl | ms | GB/s | TFLOP/s | of ceiling | vs compile | "
+                  "peak MiB | note |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in (r for r in recs if r.op == op):
+            tflops = _fmt(r.tflops, ".1f") if r.tflops and r.tflops >= 1 else ""
+            lines.append(
+                f"| {r.shape} | {r.dtype} | {r.direction} | {r.impl} | {_fmt(r.ms, '.3f', 'failed')} | "
+                f"{_fmt(r.gbs, '.0f')} | {tflops} | {_fmt(r.of_ceiling and 100 * r.of_ceiling, '.0f')}"
+                f"{'%' if r.of_ceiling else ''} | {_fmt(r.vs_compile, '.2f')} | {_fmt(r.peak_mib, '.0f')} | "
+                f"{r.note.replace('|', '/')[:120]} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(out_dir: str, recs: list[Record]) -> None:
+    """One PNG per op: % of ceiling against shape, a line per implementation, forward and backward side by side."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib is not installed; skipped the plots (pip install matplotlib)", file=sys.stderr)
+        return
+    for op in dict.fromkeys(r.op for r in recs):
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+        for ax, direction in zip(axes, ("fwd", "bwd")):
+            mine = [r for r in recs if r.op == op and r.direction == direction and r.of_ceiling]
+            labels = list(dict.fromkeys(f"{r.shape} {r.dtype}" for r in mine))
+            for impl in dict.fromkeys(r.impl for r in mine):
+                points = {f"{r.shape} {r.dtype}": 100 * r.of_ceiling for r in mine if r.impl == impl}
+                xs = [i for i, label in enumerate(labels) if label in points]
+                ax.plot(xs, [points[labels[i]] for i in xs], marker="o", label=impl)
+            ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
+            ax.set_title(f"{op} {direction}")
+            ax.set_ylim(0, 110)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("% of ceiling (copy bandwidth or GEMM peak)")
+        axes[1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f"{op}.png"), dpi=110)
+        plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------------- run
+
+
+def _providers(frameworks) -> list:
+    found = []
+    for name in frameworks:
+        module = __import__(f"tile_kernels.{name}.bench", fromlist=["Provider"])
+        found.append(module.Provider())
+    return found
+
+
+def run(args, provider_factory: Callable = _providers) -> tuple[Meta, list[Record]]:
+    ops = args.op or sorted(REGISTRY)
+    unknown = sorted(set(ops) - set(REGISTRY))
+    if unknown:
+        raise SystemExit(f"bench: unknown op(s) {unknown}; registered: {sorted(REGISTRY)}")
+    providers = provider_factory(args.framework)
+    lead = providers[0]
+    ceilings = lead.ceilings()
+    versions = {}
+    for p in providers:
+        versions.update(p.versions())
+    command = "tile-kernels bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
+    meta = Meta(gpu=lead.device_name(), date=datetime.date.today().isoformat(), versions=versions, ceilings=ceilings,
+                command=command)  # fmt: skip
+    print(f"bench: {meta.gpu}; copy {ceilings.copy_gbs:.0f} GB/s, GEMM {ceilings.gemm_tflops:.0f} TFLOP/s",
+          file=sys.stderr, flush=True)  # fmt: skip
+    widths, dtypes = args.width or WIDTHS, args.dtype or ("bfloat16",)
+    total = sum(len(shapes(op, widths, args.elements)) * len(dtypes) for op in ops)
+    recs, started = [], time.perf_counter()
+    for i, case in enumerate(cases(ops, widths, dtypes, args.elements), 1):
+        timings = [t for p in providers for t in p.measure(case, args.impl)]
+        recs += records(case, timings, ceilings)
+        progress(i, total, started, summary_line(case, timings, ceilings))
+        if args.out:
+            write(args.out, meta, recs)  # after every case: a cut-short run keeps what it measured
+    return meta, recs
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tile-kernels bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--op", action="append", help="op to run (repeatable; default: every registered op)")
+    p.add_argument("--width", action="append", type=int, help=f"row width (repeatable; default {WIDTHS})")
+    p.add_argument("--dtype", action="append", choices=("bfloat16", "float16", "float32"), help="default bfloat16")
+    p.add_argument("--elements", type=int, default=ELEMENTS, help="elements per large tensor (default 2^26)")
+    p.add_argument("--framework", action="append", choices=("torch", "jax"), help="providers (default both)")
+    p.add_argument("--impl", action="append", help="only implementations whose name contains this (repeatable)")
+    p.add_argument("--out", help="directory for results.json/.csv/.md and <op>.png")
+    p.add_argument("--render", metavar="JSON", help="re-render the tables and plots of a results.json (no GPU)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.render:
+        meta, recs = load(args.render)
+        if args.out:
+            write(args.out, meta, recs)
+        print(markdown(meta, recs))
+        return 0
+    args.framework = args.framework or ["torch", "jax"]
+    if math.prod(args.width or [1]) <= 0 or args.elements <= 0:
+        raise SystemExit("bench: --width and --elements must be positive")
+    meta, recs = run(args)
+    print(markdown(meta, recs))
+    return 0

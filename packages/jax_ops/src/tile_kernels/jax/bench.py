@@ -1,0 +1,190 @@
+"""JAX side of `tile-kernels bench`: tile-kernels' JAX functions (jax-triton), the same math as plain `jax.jit` code
+(XLA's fusions), and Pallas' GPU ops where JAX ships one (rms_norm, layer_norm, softmax).
+
+Timer: JAX runs on its own stream, so CUDA events on torch's stream cannot time it. A jitted call is enqueued `reps`
+times back to back and the wall time to the last result is divided by `reps` (dispatch overlaps the kernels; for
+calls under ~20 us the figure includes dispatch). Backward = the jitted VJP function of one recorded forward."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the device with torch in one process
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import tile_kernels.jax as tkj  # noqa: E402
+from tile_kernels.core.bench import Case, Ceilings, Timing  # noqa: E402
+from tile_kernels.core.registry import REGISTRY  # noqa: E402
+
+# ------------------------------------------------------------------------------ the ops as a JAX user writes them
+
+
+def _norm(h, weight, bias, eps, is_rms):
+    hf = h.astype(jnp.float32)
+    if not is_rms:
+        hf = hf - hf.mean(-1, keepdims=True)
+    y = hf * jax.lax.rsqrt((hf * hf).mean(-1, keepdims=True) + eps) * weight
+    return (y if bias is None else y + bias).astype(h.dtype)
+
+
+def rms_norm(x, weight, eps=1e-6, residual=None):
+    h = x if residual is None else x + residual
+    y = _norm(h, weight, None, eps, True)
+    return y if residual is None else (y, h)
+
+
+def layer_norm(x, weight, bias=None, eps=1e-5, residual=None):
+    h = x if residual is None else x + residual
+    y = _norm(h, weight, bias, eps, False)
+    return y if residual is None else (y, h)
+
+
+def softmax(x, dim=-1):
+    return jax.nn.softmax(x.astype(jnp.float32), axis=dim).astype(x.dtype)
+
+
+def swiglu(gate, up):
+    return jax.nn.silu(gate) * up
+
+
+def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+    valid = target != ignore_index
+    picked = jnp.take_along_axis(logp, jnp.where(valid, target, 0)[:, None], -1)[:, 0]
+    loss = -((1 - label_smoothing) * picked + label_smoothing * logp.mean(-1))
+    loss = jnp.where(valid, loss, 0.0)
+    if reduction == "none":
+        return loss
+    return loss.sum() if reduction == "sum" else loss.sum() / valid.sum()
+
+
+def apply_rotary(x, cos, sin, interleaved=False):
+    c, s = cos[:, None, :], sin[:, None, :]
+    xf = x.astype(jnp.float32)
+    if interleaved:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+        return jnp.stack((x1 * c - x2 * s, x2 * c + x1 * s), -1).reshape(x.shape).astype(x.dtype)
+    x1, x2 = jnp.split(xf, 2, -1)
+    return jnp.concatenate((x1 * c - x2 * s, x2 * c + x1 * s), -1).astype(x.dtype)
+
+
+def fused_linear_cross_entropy(hidden, weight, target, ignore_index=-100, reduction="mean", chunk_size=None):
+    return cross_entropy(hidden @ weight.T, target, ignore_index, reduction)
+
+
+REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
+                                     fused_linear_cross_entropy)}  # fmt: skip
+
+
+def _pallas(op: str):
+    """Pallas' GPU op for `op` with our argument names (3-D inputs, a bias argument), or None."""
+    try:
+        from jax.experimental.pallas.ops.gpu import layer_norm as pl_layer
+        from jax.experimental.pallas.ops.gpu import rms_norm as pl_rms
+        from jax.experimental.pallas.ops.gpu import softmax as pl_softmax
+    except ImportError:
+        return None
+
+    def norm(kernel, x, weight, bias, eps, residual):  # no fused residual add: XLA adds first
+        h = x if residual is None else x + residual
+        b = jnp.zeros_like(weight) if bias is None else bias
+        y = kernel(h.reshape((1,) + h.shape), weight, b, eps=eps).reshape(h.shape)
+        return y if residual is None else (y, h)
+
+    return {
+        "rms_norm": lambda x, weight, eps=1e-6, residual=None: norm(pl_rms.rms_norm, x, weight, None, eps, residual),
+        "layer_norm": lambda x, weight, bias=None, eps=1e-5, residual=None: norm(pl_layer.layer_norm, x, weight, bias,
+                                                                                 eps, residual),
+        "softmax": lambda x, dim=-1: pl_softmax.softmax(x, axis=dim),
+    }.get(op)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------- measuring
+
+
+def _time_ms(fn, *args, min_seconds: float = 0.2) -> float:
+    jax.block_until_ready(fn(*args))  # compile and warm up
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    reps = max(3, min(1000, int(min_seconds / max(time.perf_counter() - start, 1e-6))))
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        out = None
+        for _ in range(reps):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        best = min(best, (time.perf_counter() - start) / reps)
+    return best * 1e3
+
+
+def _as_tuple(out):
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+class Provider:
+    def __init__(self):
+        if jax.default_backend() not in ("gpu", "cuda", "rocm"):
+            raise SystemExit(f"bench: JAX's backend is {jax.default_backend()!r}, not a GPU")
+
+    def device_name(self) -> str:
+        return jax.devices()[0].device_kind
+
+    def versions(self) -> dict:
+        out = {"jax": jax.__version__}
+        for dist in ("jaxlib", "jax-triton"):
+            try:
+                out[dist] = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                pass
+        return out
+
+    def ceilings(self) -> Ceilings:
+        src = jnp.ones((1 << 28,), jnp.bfloat16)
+        copy = jax.jit(lambda a: a + 1)  # one read, one write
+        gbs = 2 * src.size * 2 / _time_ms(copy, src) / 1e6
+        a = jax.random.normal(jax.random.key(0), (8192, 8192), jnp.bfloat16)
+        tflops = 2 * 8192**3 / _time_ms(jax.jit(jnp.matmul), a, a) / 1e9
+        return Ceilings(copy_gbs=gbs, gemm_tflops=tflops)
+
+    def implementations(self, op: str) -> dict:
+        return {"tile-kernels (jax)": getattr(tkj, op, None), "jax.jit": REFERENCE.get(op), "pallas": _pallas(op)}
+
+    def measure(self, case: Case, only=None) -> list[Timing]:
+        arrays = {k: jnp.asarray(v) for k, v in case.kwargs.items() if isinstance(v, (np.ndarray, np.generic))}
+        attrs = {k: v for k, v in case.kwargs.items() if k not in arrays}
+        names = [k for k in REGISTRY[case.op].grad_args if k in arrays]
+        timings = []
+        for name, fn in self.implementations(case.op).items():
+            if only and not any(s in name for s in only):
+                continue
+            if fn is None:
+                if name != "pallas":  # Pallas ships only a few ops: absence is the normal case
+                    timings.append(Timing(name, None, None, note="no such op"))
+                continue
+            try:
+                timings.append(self._time(name, fn, arrays, attrs, names))
+            except Exception as e:  # reported, not dropped
+                timings.append(Timing(name, None, None, note=f"{type(e).__name__}: {e}".splitlines()[0]))
+        return timings
+
+    def _time(self, name, fn, arrays, attrs, names) -> Timing:
+        def call(diff, rest):
+            return _as_tuple(fn(**diff, **rest, **attrs))
+
+        diff = {k: arrays[k] for k in names}
+        rest = {k: v for k, v in arrays.items() if k not in diff}
+        fwd = jax.jit(call)
+        fwd_ms = _time_ms(fwd, diff, rest)
+        floats = [o for o in fwd(diff, rest) if jnp.issubdtype(o.dtype, jnp.floating)]
+        if not names or not floats:
+            return Timing(name, fwd_ms, None)
+        outs, vjp_fn = jax.vjp(lambda d: call(d, rest), diff)
+        cts = tuple(jax.random.normal(jax.random.key(i), o.shape, o.dtype) for i, o in enumerate(outs))
+        bwd_ms = _time_ms(jax.jit(lambda f, c: f(c)), vjp_fn, cts)
+        return Timing(name, fwd_ms, bwd_ms)

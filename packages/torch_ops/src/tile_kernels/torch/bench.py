@@ -1,0 +1,193 @@
+"""torch side of `tile-kernels bench`: tile-kernels' torch ops and the peers a torch user would otherwise call —
+eager torch, torch.compile of the same eager code, and Liger-Kernel where it has the op — timed with Triton's
+do_bench (CUDA events, median, L2 flushed before every call). Backward = torch.autograd.grad of one recorded forward,
+replayed with retain_graph."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import tile_kernels.torch as tk
+from tile_kernels.core.bench import Case, Ceilings, Timing
+from tile_kernels.core.registry import REGISTRY
+
+# compiled backwards are replayed with retain_graph; one code object is compiled for every shape of the sweep
+torch._functorch.config.donated_buffer = False
+for _name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+    if hasattr(torch._dynamo.config, _name):
+        setattr(torch._dynamo.config, _name, 1024)
+
+
+# ----------------------------------------------------------------------------- the ops as a torch user writes them
+
+
+def rms_norm(x, weight, eps=1e-6, residual=None):
+    h = x if residual is None else x + residual
+    y = F.rms_norm(h, h.shape[-1:], weight, eps)
+    return y if residual is None else (y, h)
+
+
+def layer_norm(x, weight, bias=None, eps=1e-5, residual=None):
+    h = x if residual is None else x + residual
+    y = F.layer_norm(h, h.shape[-1:], weight, bias, eps)
+    return y if residual is None else (y, h)
+
+
+def softmax(x, dim=-1):
+    return torch.softmax(x, dim)
+
+
+def swiglu(gate, up):
+    return F.silu(gate) * up
+
+
+def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)  # fmt: skip
+
+
+def apply_rotary(x, cos, sin, interleaved=False):
+    c, s = cos[:, None, :], sin[:, None, :]  # (S, 1, D/2) against x (B, S, H, D)
+    if interleaved:
+        x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
+        return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), -1).flatten(-2).to(x.dtype)
+    x1, x2 = x.float().chunk(2, -1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1).to(x.dtype)
+
+
+def fused_linear_cross_entropy(hidden, weight, target, ignore_index=-100, reduction="mean", chunk_size=None):
+    """The unfused version: the (N, V) logits in the input dtype, then the loss."""
+    return F.cross_entropy(hidden @ weight.T, target, ignore_index=ignore_index, reduction=reduction)
+
+
+EAGER = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
+                                  fused_linear_cross_entropy)}  # fmt: skip
+
+
+def _liger(op: str):
+    """Liger-Kernel's function for `op` with our argument names, or None where it has none."""
+    try:
+        from liger_kernel.transformers import functional as lf
+    except ImportError:
+        return None
+
+    def rms(x, weight, eps=1e-6, residual=None):
+        if residual is None:
+            return lf.liger_rms_norm(x, weight, eps, in_place=False)
+        return lf.liger_fused_add_rms_norm(x, residual, weight, eps, in_place=False)
+
+    def layer(x, weight, bias=None, eps=1e-5, residual=None):  # no fused residual add: torch adds first
+        h = x if residual is None else x + residual
+        y = lf.liger_layer_norm(h, weight, bias, eps)
+        return y if residual is None else (y, h)
+
+    def ce(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+        return lf.liger_cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction,
+                                      label_smoothing=label_smoothing)  # fmt: skip
+
+    def flce(hidden, weight, target, ignore_index=-100, reduction="mean", chunk_size=None):
+        return lf.liger_fused_linear_cross_entropy(hidden, weight, target, ignore_index=ignore_index,
+                                                   reduction=reduction)  # fmt: skip
+
+    def soft(x, dim=-1):
+        if dim not in (-1, x.dim() - 1):
+            raise NotImplementedError("Liger's softmax is over the last dim only")
+        return lf.liger_softmax(x)
+
+    return {"rms_norm": rms, "layer_norm": layer, "softmax": soft, "swiglu": lf.liger_swiglu, "cross_entropy": ce,
+            "fused_linear_cross_entropy": flce}.get(op)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------- measuring
+
+
+def _tensor(a, device):
+    if not isinstance(a, (np.ndarray, np.generic)):
+        return a
+    host = a.astype(np.float32) if a.dtype.name == "bfloat16" else a
+    return torch.from_numpy(np.ascontiguousarray(host)).to(device, getattr(torch, a.dtype.name))
+
+
+def _as_tuple(out):
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _copy_gbs(device) -> float:
+    from triton.testing import do_bench
+
+    src = torch.randn(1 << 28, device=device, dtype=torch.bfloat16)  # 512 MiB each way
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 2 / do_bench(lambda: dst.copy_(src), rep=200) / 1e6
+
+
+class Provider:
+    def __init__(self, device: str = "cuda"):
+        if not torch.cuda.is_available():
+            raise SystemExit("bench: no CUDA/ROCm device visible to torch")
+        self.device = torch.device(device)
+
+    def device_name(self) -> str:
+        return torch.cuda.get_device_name(self.device)
+
+    def versions(self) -> dict:
+        out = {"torch": torch.__version__}
+        for dist in ("triton", "liger-kernel", "tile-kernels"):
+            try:
+                out[dist] = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                pass
+        return out
+
+    def ceilings(self) -> Ceilings:
+        from triton.testing import do_bench
+
+        copy = _copy_gbs(self.device)
+        a = torch.randn(8192, 8192, device=self.device, dtype=torch.bfloat16)
+        b = torch.randn(8192, 8192, device=self.device, dtype=torch.bfloat16)
+        gemm = 2 * 8192**3 / do_bench(lambda: a @ b, rep=200) / 1e9
+        return Ceilings(copy_gbs=copy, gemm_tflops=gemm)
+
+    def implementations(self, op: str) -> dict:
+        impls = {"tile-kernels": getattr(tk, op, None), "torch eager": EAGER.get(op)}
+        if op in EAGER:
+            impls["torch.compile"] = torch.compile(EAGER[op], dynamic=False)
+        impls["liger"] = _liger(op)
+        return impls
+
+    def measure(self, case: Case, only=None) -> list[Timing]:
+        args = {k: _tensor(v, self.device) for k, v in case.kwargs.items()}
+        grad_args = [k for k in REGISTRY[case.op].grad_args if args.get(k) is not None]
+        timings = []
+        for name, fn in self.implementations(case.op).items():
+            if only and not any(s in name for s in only):
+                continue
+            if fn is None:
+                timings.append(Timing(name, None, None, note="no such op"))
+                continue
+            try:
+                timings.append(self._time(name, fn, args, grad_args))
+            except Exception as e:  # a peer that cannot run this case is reported, not dropped
+                timings.append(Timing(name, None, None, note=f"{type(e).__name__}: {e}".splitlines()[0]))
+            torch.cuda.empty_cache()
+        return timings
+
+    def _time(self, name, fn, args, grad_args) -> Timing:
+        from triton.testing import do_bench
+
+        fwd_ms = do_bench(lambda: fn(**args))
+        leaves = {k: args[k].detach().clone().requires_grad_() for k in grad_args}
+        call = {**args, **leaves}
+        base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        outs = [o for o in _as_tuple(fn(**call)) if o.requires_grad]
+        if not outs:
+            return Timing(name, fwd_ms, None)
+        cts = [torch.randn_like(o) for o in outs]
+        torch.autograd.grad(outs, list(leaves.values()), cts, retain_graph=True)
+        peak = (torch.cuda.max_memory_allocated(self.device) - base) / 2**20
+        bwd_ms = do_bench(lambda: torch.autograd.grad(outs, list(leaves.values()), cts, retain_graph=True))
+        return Timing(name, fwd_ms, bwd_ms, peak_mib=peak)

@@ -1,0 +1,94 @@
+"""The benchmark harness: its cases cover the registry, its peers compute the same op as tile-kernels (a faster peer
+that computes something else would make the comparison meaningless), and its outputs round-trip. On a GPU, a small
+sweep runs end to end."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tile_kernels.core import REGISTRY, bench
+from tile_kernels.core.registry import Cost
+
+OPS = sorted(REGISTRY)
+GPU = os.environ.get("TILE_KERNELS_TEST_DEVICE") == "gpu"
+
+
+def test_cases_cover_every_registered_op():
+    cases = list(bench.cases(OPS, widths=(256, 1000), dtypes=("bfloat16",), elements=1 << 12))
+    assert {c.op for c in cases} == set(OPS)
+    for case in cases:
+        floats = [v for v in case.kwargs.values() if isinstance(v, np.ndarray) and "float" in v.dtype.name]
+        assert floats and all(np.count_nonzero(v.astype(np.float32)) > v.size // 2 for v in floats), case.op
+        assert case.cost[0].bytes > 0 and case.cost[1].bytes > 0, case.op
+
+
+def _peer(framework: str, op: str):
+    if framework == "torch":
+        pytest.importorskip("torch")
+        import torch
+
+        from tile_kernels.torch.bench import EAGER
+
+        def to(v):
+            return torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+
+        return lambda kw: [o.double().numpy() for o in _tuple(EAGER[op](**{k: to(v) for k, v in kw.items()}))]
+    pytest.importorskip("jax")
+    from tile_kernels.jax.bench import REFERENCE
+
+    return lambda kw: [np.asarray(o, np.float64) for o in _tuple(REFERENCE[op](**kw))]
+
+
+def _tuple(out):
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("op", OPS)
+def test_peers_compute_the_same_op(framework, op):
+    """float32 inputs (the peers compute in float32) against the float64 reference."""
+    info = REGISTRY[op]
+    peer = _peer(framework, op)
+    rng = np.random.default_rng(0)
+    kwargs = info.sample(rng, (2, 3, 40), "float32", **bench.OPTIONS.get(op, {}))
+    outs, refs = peer(kwargs), info.reference(**kwargs)
+    assert len(outs) == len(refs)
+    for out, ref in zip(outs, refs):
+        np.testing.assert_allclose(out, ref, rtol=2e-5, atol=1e-6, err_msg=f"{framework} peer of {op}")
+
+
+def test_outputs_round_trip(tmp_path):
+    case = next(bench.cases(["rms_norm"], widths=(512,), dtypes=("bfloat16",), elements=1 << 12))
+    case.cost = (Cost(bytes=4_000_000, flops=0), Cost(bytes=8_000_000, flops=0))
+    ceilings = bench.Ceilings(copy_gbs=4000.0, gemm_tflops=800.0)
+    timings = [bench.Timing("tile-kernels", 0.0011, 0.0025, peak_mib=3.0), bench.Timing("torch.compile", 0.002, 0.004),
+               bench.Timing("liger", None, None, note="RuntimeError: no kernel")]  # fmt: skip
+    recs = bench.records(case, timings, ceilings)
+    ours = {r.direction: r for r in recs if r.impl == "tile-kernels"}
+    assert ours["fwd"].gbs == pytest.approx(4_000_000 / 0.0011 / 1e6)
+    assert ours["fwd"].of_ceiling == pytest.approx(0.001 / 0.0011)
+    assert ours["bwd"].vs_compile == pytest.approx(0.004 / 0.0025)
+    assert [r.note for r in recs if r.impl == "liger"] == ["RuntimeError: no kernel"] * 2
+    meta = bench.Meta(gpu="test", date="2026-11-29", versions={"x": "1"}, ceilings=ceilings, command="bench")
+    bench.write(str(tmp_path), meta, recs)
+    meta2, recs2 = bench.load(str(tmp_path / "results.json"))
+    assert meta2 == meta and recs2 == recs
+    with open(tmp_path / "results.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(recs)
+    table = (tmp_path / "results.md").read_text()
+    assert "| 8x512 | bfloat16 | fwd | tile-kernels | 0.001 | 3636 |" in table and "failed" in table
+
+
+@pytest.mark.skipif(not GPU, reason="needs a GPU")
+def test_small_sweep_runs_on_the_gpu(tmp_path):
+    assert bench.main(["--op", "rms_norm", "--width", "1024", "--elements", str(1 << 16), "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "results.json") as f:
+        recs = json.load(f)["records"]
+    ours = {(r["impl"], r["direction"]): r for r in recs if r["impl"].startswith("tile-kernels")}
+    for key in [("tile-kernels", "fwd"), ("tile-kernels", "bwd"), ("tile-kernels (jax)", "fwd")]:
+        assert ours[key]["ms"] > 0 and ours[key]["gbs"] > 0, key
