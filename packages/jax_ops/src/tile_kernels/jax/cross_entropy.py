@@ -6,11 +6,13 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from tile_kernels.core import cross_entropy as core
 from tile_kernels.core import dtype_name
 
 from ._runtime import mode, problem_batched, run_plan, target
+from ._sharding import psum, row_local
 
 
 def _settings(kind, logits3, labels2, ignore_index, reduction, label_smoothing):
@@ -20,13 +22,28 @@ def _settings(kind, logits3, labels2, ignore_index, reduction, label_smoothing):
 
 @functools.cache
 def _forward_call(ignore_index: int, reduction: str, label_smoothing: float):
-    def call(logits3, labels2):
+    def call(logits3, labels2, reduction=reduction):
         kind = mode(core.NAME)
         batch, rows, classes = logits3.shape
         settings = _settings(kind, logits3, labels2, ignore_index, reduction, label_smoothing)
         return list(run_plan(core.forward(batch, rows, classes, **settings), kind, logits3, labels2))
 
-    return problem_batched(call, shareable=(False, False))
+    def sharded_mean(call, axes):
+        """Rows split over `axes`: the mean is the sum of the pieces' sums over the summed count of counted rows
+        (the count goes on to the backward, which then needs no communication)."""
+
+        def body(logits3, labels2):
+            loss, lse, count = call(logits3, labels2, reduction="sum")
+            count = psum(count, axes)
+            return [(psum(loss.astype(jnp.float32), axes) / count).astype(loss.dtype), lse, count]
+
+        return body
+
+    # rows are row-local, classes whole (core.sharding); a summed loss and the count are summed over the pieces
+    loss = "p" if reduction != "none" else "p r"
+    rule = row_local(core.NAME, call, ["p r v", "p r"], [loss, "p r", "p"], ["r"],
+                     sharded_body=sharded_mean if reduction == "mean" else None)  # fmt: skip
+    return problem_batched(rule, shareable=(False, False))
 
 
 @functools.cache
@@ -38,7 +55,10 @@ def _backward_call(ignore_index: int, reduction: str, label_smoothing: float):
         plan = core.backward(batch, rows, classes, **settings)
         return [run_plan(plan, kind, logits3, labels2, lse2, dloss, count)[0]]
 
-    return problem_batched(call, shareable=(False,) * 5)
+    # row-local given the whole count (the forward sums it over the pieces)
+    dloss = "p" if reduction != "none" else "p r"
+    rule = row_local(core.NAME, call, ["p r v", "p r", "p r", dloss, "p"], ["p r v"], ["r"])
+    return problem_batched(rule, shareable=(False,) * 5)
 
 
 def _forward(logits, labels, ignore_index, reduction, label_smoothing):

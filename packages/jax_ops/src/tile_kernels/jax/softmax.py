@@ -2,36 +2,44 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
 from tile_kernels.core import dtype_name
 from tile_kernels.core import softmax as core
 
-from ._runtime import as_problem, mode, problem_batched, run_plan, target
+from ._runtime import mode, problem_batched, run_plan, target
+from ._sharding import row_local
 
 
-def _forward_call(x3):
+def _rows(x) -> int:
+    return math.prod(x.shape[:-1])
+
+
+def _forward_call(x):  # x (problems, ..., n)
     kind = mode(core.NAME)
-    batch, rows, n = x3.shape
-    plan = core.forward(batch * rows, n, dtype=dtype_name(x3.dtype), target=target(kind))
-    return [run_plan(plan, kind, x3)[0].reshape(x3.shape)]
+    plan = core.forward(_rows(x), x.shape[-1], dtype=dtype_name(x.dtype), target=target(kind))
+    return [run_plan(plan, kind, x)[0].reshape(x.shape)]
 
 
-def _backward_call(y3, dy3):
+def _backward_call(y, dy):
     kind = mode(core.NAME)
-    batch, rows, n = y3.shape
-    plan = core.backward(batch * rows, n, dtype=dtype_name(y3.dtype), target=target(kind))
-    return [run_plan(plan, kind, y3, dy3)[0].reshape(y3.shape)]
+    plan = core.backward(_rows(y), y.shape[-1], dtype=dtype_name(y.dtype), target=target(kind))
+    return [run_plan(plan, kind, y, dy)[0].reshape(y.shape)]
 
 
-_forward_batched = problem_batched(_forward_call, shareable=(False,))
-_backward_batched = problem_batched(_backward_call, shareable=(False, False))
+# row-local over every dim but the last (core.sharding); p is the problem axis a vmap folds into
+_forward_batched = problem_batched(row_local(core.NAME, _forward_call, ["p ... n"], ["p ... n"], ["..."]), (False,))
+_backward_batched = problem_batched(
+    row_local(core.NAME, _backward_call, ["p ... n"] * 2, ["p ... n"], ["..."]), shareable=(False, False)
+)
 
 
 @jax.custom_vjp
 def _softmax_last(x):
-    return _forward_batched(as_problem(x))[0].reshape(x.shape)
+    return _forward_batched(x[None])[0][0]
 
 
 def _fwd(x):
@@ -40,7 +48,7 @@ def _fwd(x):
 
 
 def _bwd(y, dy):
-    return (_backward_batched(as_problem(y), as_problem(dy))[0].reshape(y.shape),)
+    return (_backward_batched(y[None], dy[None])[0][0],)
 
 
 _softmax_last.defvjp(_fwd, _bwd)

@@ -2,35 +2,41 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 
 from tile_kernels.core import dtype_name
 from tile_kernels.core import swiglu as core
 
-from ._runtime import as_problem, mode, problem_batched, run_plan, target
+from ._runtime import mode, problem_batched, run_plan, target
+from ._sharding import row_local
 
 
-def _forward_call(gate3, up3):
+def _forward_call(gate, up):  # (problems, ..., n) each
     kind = mode(core.NAME)
-    batch, rows, n = gate3.shape
-    plan = core.forward(batch * rows, n, dtype=dtype_name(gate3.dtype), target=target(kind))
-    return [run_plan(plan, kind, gate3, up3)[0].reshape(gate3.shape)]
+    plan = core.forward(math.prod(gate.shape[:-1]), gate.shape[-1], dtype=dtype_name(gate.dtype), target=target(kind))
+    return [run_plan(plan, kind, gate, up)[0].reshape(gate.shape)]
 
 
-def _backward_call(dy3, gate3, up3):
+def _backward_call(dy, gate, up):
     kind = mode(core.NAME)
-    batch, rows, n = gate3.shape
-    plan = core.backward(batch * rows, n, dtype=dtype_name(gate3.dtype), target=target(kind))
-    return [g.reshape(gate3.shape) for g in run_plan(plan, kind, dy3, gate3, up3)]
+    plan = core.backward(math.prod(gate.shape[:-1]), gate.shape[-1], dtype=dtype_name(gate.dtype), target=target(kind))
+    return [g.reshape(gate.shape) for g in run_plan(plan, kind, dy, gate, up)]
 
 
-_forward_batched = problem_batched(_forward_call, shareable=(False, False))
-_backward_batched = problem_batched(_backward_call, shareable=(False, False, False))
+# elementwise: every dim is row-local (core.sharding); p is the problem axis a vmap folds into
+_forward_batched = problem_batched(
+    row_local(core.NAME, _forward_call, ["p ..."] * 2, ["p ..."], ["..."]), shareable=(False, False)
+)
+_backward_batched = problem_batched(
+    row_local(core.NAME, _backward_call, ["p ..."] * 3, ["p ..."] * 2, ["..."]), shareable=(False, False, False)
+)
 
 
 @jax.custom_vjp
 def _swiglu(gate, up):
-    return _forward_batched(as_problem(gate), as_problem(up))[0].reshape(gate.shape)
+    return _forward_batched(gate[None], up[None])[0][0]
 
 
 def _fwd(gate, up):
@@ -39,8 +45,8 @@ def _fwd(gate, up):
 
 def _bwd(saved, dy):
     gate, up = saved
-    dgate, dup = _backward_batched(as_problem(dy), as_problem(gate), as_problem(up))
-    return dgate.reshape(gate.shape), dup.reshape(up.shape)
+    dgate, dup = _backward_batched(dy[None], gate[None], up[None])
+    return dgate[0], dup[0]
 
 
 _swiglu.defvjp(_fwd, _bwd)

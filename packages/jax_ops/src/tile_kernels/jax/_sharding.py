@@ -1,0 +1,196 @@
+"""The row-local rules of tile_kernels.core.sharding, carried into JAX's sharding for the kernel-level calls.
+
+`row_local(op, call, ins, outs, split)` wraps a kernel call `call(*arrays) -> list of arrays` whose arrays and
+outputs are named dim by dim by the factor specs `ins` / `outs`. Arrays sharded along factors in `split` stay sharded:
+  * sharding in types (a mesh with Explicit axes): the call runs inside a shard_map over the mesh axes that shard
+    split factors; an array sharded along another factor is resharded first (a gather, visible in the program);
+  * jit with NamedSharding inputs (Auto axes): a custom_partitioning whose rule lets XLA keep split factors sharded
+    and makes it gather the others; the per-device lowering is the same body as the shard_map's;
+  * inside a shard_map, or on one device: the call itself (custom_partitioning lowers to it there).
+The per-device body runs the call on the local pieces and sums (psum) every output that lacks a sharded factor (a
+norm's dweight); `sharded_body(call, axes)` replaces that body where an op combines its pieces otherwise (a mean).
+A factor is split only if the mesh axes divide its size evenly: padded pieces would corrupt the sums.
+
+Interpret mode has no custom_partitioning: JAX lowers the per-device body while compiling, after the program's host
+callbacks are fixed, so the kernel's callback there would dangle. Under jit with Auto-sharded inputs, interpret-mode
+calls therefore stay whole (XLA gathers their inputs: correct, not distributed); shard_map and sharding in types are
+fully supported. `PARTITION_IN_INTERPRET_MODE` lets tests compile (never run) the partitioned form on a CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from tile_kernels.core import sharding
+
+PARTITION_IN_INTERPRET_MODE = False  # tests only: compiling works, running would crash (see above)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The factors of each input and output dim of one call, the factor sizes and the factors that may split."""
+
+    ins: tuple[tuple[str, ...], ...]
+    outs: tuple[tuple[str, ...], ...]
+    sizes: dict
+    allowed: frozenset
+
+    def rule(self) -> str:
+        """The einsum-like sharding rule of the call (for Shardy)."""
+        return f"{', '.join(' '.join(f) for f in self.ins)} -> {', '.join(' '.join(f) for f in self.outs)}"
+
+    def whole(self) -> tuple[str, ...]:
+        return tuple(f for f in self.sizes if f not in self.allowed)
+
+
+def _axes(entry) -> tuple[str, ...]:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _entry(axes: tuple[str, ...]):
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def _padded(spec, ndim: int) -> tuple:
+    spec = tuple(spec) if spec is not None else ()
+    return spec + (None,) * (ndim - len(spec))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Which mesh axes shard which factor, and the specs every input and output get."""
+
+    axes: dict  # factor -> mesh axes
+    ins: tuple  # PartitionSpec per input
+    outs: tuple  # PartitionSpec per output
+
+    def used(self) -> tuple[str, ...]:
+        return tuple(a for axes in self.axes.values() for a in axes)
+
+
+def _plan(layout: _Layout, specs: Sequence[tuple], axis_sizes: dict) -> _Plan:
+    """The first input that shards a split factor decides its axes; the rest follow it, whole otherwise."""
+    axes: dict = {}
+    used: set = set()
+    for factors, spec in zip(layout.ins, specs):
+        for factor, entry in zip(factors, spec):
+            entry = _axes(entry)
+            if not entry or factor not in layout.allowed or factor in axes or used & set(entry):
+                continue
+            if layout.sizes[factor] % math.prod(axis_sizes[a] for a in entry):
+                continue  # uneven pieces would be padded; keep it whole
+            axes[factor] = entry
+            used |= set(entry)
+
+    def spec_of(factors):
+        return P(*(_entry(axes.get(f, ())) for f in factors))
+
+    return _Plan(axes, tuple(spec_of(f) for f in layout.ins), tuple(spec_of(f) for f in layout.outs))
+
+
+def psum(x, axes):
+    """Sums the devices' partial results over `axes`, in fp32 at least (fp16/bf16 partials would lose bits)."""
+    if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize < 4:
+        return jax.lax.psum(x.astype(jnp.float32), axes).astype(x.dtype)
+    return jax.lax.psum(x, axes)
+
+
+def _body(call, layout: _Layout, plan: _Plan, sharded_body):
+    """What each device runs on its pieces."""
+    if not plan.axes:
+        return lambda *local: tuple(call(*local))
+    if sharded_body is not None:
+        return lambda *local: tuple(sharded_body(call, plan.used())(*local))
+
+    def body(*local):
+        outs = []
+        for out, factors in zip(call(*local), layout.outs):
+            missing = tuple(a for f, axes in plan.axes.items() if f not in factors for a in axes)
+            outs.append(psum(out, missing) if missing else out)
+        return tuple(outs)
+
+    return body
+
+
+def _explicit(array):
+    """(mesh, spec) of an array sharded in its type along some mesh axis, else None."""
+    aval_sharding = getattr(jax.typeof(array), "sharding", None)
+    if aval_sharding is None or getattr(aval_sharding, "mesh", None) is None or aval_sharding.mesh.empty:
+        return None
+    spec = _padded(aval_sharding.spec, array.ndim)
+    return (aval_sharding.mesh, spec) if any(_axes(e) for e in spec) else None
+
+
+def _shard_mapped(call, layout, sharded_body, arrays, explicit):
+    mesh = next(e[0] for e in explicit if e is not None)
+    specs = [e[1] if e is not None else (None,) * a.ndim for a, e in zip(arrays, explicit)]
+    plan = _plan(layout, specs, dict(mesh.shape))
+    arrays = [
+        a if _padded(spec, a.ndim) == _padded(want, a.ndim) else jax.sharding.reshard(a, NamedSharding(mesh, want))
+        for a, spec, want in zip(arrays, specs, plan.ins)
+    ]  # fmt: skip
+    if not plan.axes:
+        return list(call(*arrays))
+    body = _body(call, layout, plan, sharded_body)
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=plan.ins, out_specs=plan.outs, axis_names=set(plan.used()))
+    return list(mapped(*arrays))
+
+
+def _partitioned(call, layout, sharded_body, arrays):
+    def whole(*arrays):
+        return tuple(call(*arrays))
+
+    def plan_for(mesh, arg_shapes):
+        specs = [
+            _padded(s.sharding.spec, len(s.shape)) if isinstance(s.sharding, NamedSharding) else (None,) * len(s.shape)
+            for s in arg_shapes
+        ]  # fmt: skip
+        return _plan(layout, specs, dict(mesh.shape))
+
+    def partition(mesh, arg_shapes, result_shape):
+        plan = plan_for(mesh, arg_shapes)
+        named = tuple(NamedSharding(mesh, s) for s in plan.outs), tuple(NamedSharding(mesh, s) for s in plan.ins)
+        return mesh, _body(call, layout, plan, sharded_body), *named
+
+    def infer(mesh, arg_shapes, result_shape):
+        return tuple(NamedSharding(mesh, s) for s in plan_for(mesh, arg_shapes).outs)
+
+    partitioned = custom_partitioning(whole)
+    partitioned.def_partition(
+        partition, infer_sharding_from_operands=infer, sharding_rule=layout.rule(),
+        need_replication_factors=layout.whole(),
+    )  # fmt: skip
+    return list(partitioned(*arrays))
+
+
+def row_local(
+    op: str, call: Callable, ins: Sequence[str], outs: Sequence[str], split: Sequence[str],
+    sharded_body: Callable | None = None,
+) -> Callable:  # fmt: skip
+    """`call` with the row-local rule (factor specs of its inputs and outputs, the factors that may split) applied
+    to sharded arrays, as the module docstring describes."""
+    from ._runtime import mode
+
+    def wrapped(*arrays):
+        shapes = {i: a.shape for i, a in enumerate(arrays)}
+        lead = sharding.lead_count(dict(enumerate(ins)), shapes)
+        in_dims = tuple(sharding.dims(s, a.ndim) for s, a in zip(ins, arrays, strict=True))
+        sizes = {f: n for factors, a in zip(in_dims, arrays) for f, n in zip(factors, a.shape)}
+        allowed = frozenset(sharding.split_factors(tuple(split), sizes))
+        layout = _Layout(in_dims, tuple(sharding.output_dims(s, lead) for s in outs), sizes, allowed)
+        explicit = [_explicit(a) for a in arrays]
+        if any(e is not None for e in explicit):
+            return _shard_mapped(call, layout, sharded_body, arrays, explicit)
+        if mode(op) == "gpu" or PARTITION_IN_INTERPRET_MODE:
+            return _partitioned(call, layout, sharded_body, arrays)
+        return list(call(*arrays))
+
+    return wrapped
