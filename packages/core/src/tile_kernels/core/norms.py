@@ -59,6 +59,24 @@ def _row_stats(MEAN, RSTD, row, IS_RMS: tl.constexpr):
 
 
 @triton.jit
+def _load_row(DY, H, DH, MEAN, RSTD, row, row_end, stride_dy, stride_h, stride_dh, cols, mask, IS_RMS: tl.constexpr,
+              HAS_DH: tl.constexpr):  # fmt: skip
+    """(h, dy, dh) of one row in their stored dtype and its saved (mean, rstd); zeros past the problem's rows."""
+    mask = mask & (cols < tl.where(row < row_end, cols.shape[0], 0))  # (an & with a scalar fails in the interpreter)
+    last = tl.minimum(row, row_end - 1)  # the stats of a row past the end: any valid address, unused
+    h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0)
+    dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0)
+    dh = tl.zeros_like(dy)
+    if HAS_DH:
+        dh = tl.load(DH + row * stride_dh + cols, mask=mask, other=0.0)
+    rstd = tl.load(RSTD + last)
+    mean = 0.0
+    if not IS_RMS:
+        mean = tl.load(MEAN + last)
+    return h, dy, dh, mean, rstd
+
+
+@triton.jit
 def norm_fwd_kernel(
     X, R, W, B, eps, rows, N, stride_x, stride_r, stride_w,
     Y, H, MEAN, RSTD,
@@ -131,19 +149,22 @@ def norm_bwd_kernel(
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         dw = tl.zeros([BLOCK_N], dtype=tl.float32)
         db = tl.zeros([BLOCK_N], dtype=tl.float32)
+        # software pipelining by hand: the next row's loads are in flight while this row reduces and stores
+        row_end = (b + 1) * rows
+        nxt = _load_row(DY, H, DH, MEAN, RSTD, b * rows + g, row_end, stride_dy, stride_h, stride_dh, cols, mask,
+                        IS_RMS, HAS_DH)  # fmt: skip
         for m in range(g, rows, G):
             row = b * rows + m
-            mean, rstd = _row_stats(MEAN, RSTD, row, IS_RMS)
-            h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
+            h, dy, dh, mean, rstd = nxt
+            h, dy = h.to(tl.float32), dy.to(tl.float32)
+            nxt = _load_row(DY, H, DH, MEAN, RSTD, row + G, row_end, stride_dy, stride_h, stride_dh, cols, mask,
+                            IS_RMS, HAS_DH)  # fmt: skip
             xhat = tl.where(mask, (h - mean) * rstd, 0.0)
-            dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
             wdy = w * dy
             dx = wdy - xhat * (_mean(tl.sum(xhat * wdy, axis=0), N))
             if not IS_RMS:
                 dx -= _mean(tl.sum(wdy, axis=0), N)
-            dx *= rstd
-            if HAS_DH:
-                dx += tl.load(DH + row * stride_dh + cols, mask=mask, other=0.0).to(tl.float32)
+            dx = dx * rstd + dh.to(tl.float32)
             tl.store(DX + row * N + cols, dx.to(DX.dtype.element_ty), mask=mask)
             dw += dy * xhat
             db += dy
@@ -227,8 +248,9 @@ def backward(
 ) -> Plan:  # fmt: skip
     """Inputs dy, h (the normalized input: x, or x + residual), weight, [mean], rstd, [dh].
     Outputs dx (batch, rows, n) in x's dtype, dweight and [dbias] (batch, n) in weight's dtype."""
-    programs = programs_per_problem(rows, target)
     block, one_block, warps = row_block(n, target, max_block=BACKWARD_MAX_ROW_BLOCK)
+    # enough programs to fill every SM with 2048 threads (narrow rows: many one-warp programs), at most 32 per SM
+    programs = programs_per_problem(rows, target, waves=max(1, min(32, 2048 // (warps * target.warp_size))))
     empty = batch * rows * n == 0
     grads = ("dweight", "dbias") if has_bias else ("dweight",)
     buffers = {"dx": BufferSpec((batch, rows, n), x_dtype, zeroed=empty)}
