@@ -171,6 +171,43 @@ def _partitioned(call, layout, sharded_body, arrays):
     return list(partitioned(*arrays))
 
 
+def _varying_axes(x) -> frozenset:
+    """The manual (shard_map) axes x varies over, as its type records them."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)  # the manual axis types of JAX 0.10; earlier versions name them vma
+    return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
+
+
+def _varying(call: Callable) -> Callable:
+    """Inside a shard_map, JAX types each value with the manual axes it varies over; a kernel call (a host callback)
+    comes back typed invariant, so its outputs are marked to vary over every axis its inputs vary over (else
+    gradients fail JAX's type check)."""
+
+    def typed(*arrays, **options):
+        vary = frozenset().union(*map(_varying_axes, arrays))
+        outs = []
+        for out in call(*arrays, **options):
+            missing = tuple(sorted(vary - _varying_axes(out)))
+            outs.append(jax.lax.pcast(out, missing, to="varying") if missing else out)
+        return outs
+
+    return typed
+
+
+def vary_alike(*arrays):
+    """Inside a shard_map, marks the arrays (None passes) to vary over every manual axis any of them varies over: an
+    op's custom_vjp then takes a replicated weight beside sharded rows as per-device, returns per-device partial
+    gradients for it, and JAX sums them over the devices on the way out (the transpose of the mark). Outside a
+    shard_map it returns the arrays unchanged. The public functions apply it before their custom_vjp."""
+    vary = frozenset().union(*(_varying_axes(a) for a in arrays if a is not None))
+
+    def mark(a):
+        missing = () if a is None else tuple(sorted(vary - _varying_axes(a)))
+        return jax.lax.pcast(a, missing, to="varying") if missing else a
+
+    return tuple(map(mark, arrays))
+
+
 def row_local(
     op: str, call: Callable, ins: Sequence[str], outs: Sequence[str], split: Sequence[str],
     sharded_body: Callable | None = None,
@@ -178,6 +215,8 @@ def row_local(
     """`call` with the row-local rule (factor specs of its inputs and outputs, the factors that may split) applied
     to sharded arrays, as the module docstring describes."""
     from ._runtime import mode
+
+    call = _varying(call)
 
     def wrapped(*arrays):
         shapes = {i: a.shape for i, a in enumerate(arrays)}

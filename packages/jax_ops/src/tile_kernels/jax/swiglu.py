@@ -10,7 +10,7 @@ from tile_kernels.core import dtype_name
 from tile_kernels.core import swiglu as core
 
 from ._runtime import mode, problem_batched, run_plan, target
-from ._sharding import row_local
+from ._sharding import row_local, vary_alike
 
 
 def _forward_call(gate, up):  # (problems, ..., n) each
@@ -55,4 +55,4 @@ _swiglu.defvjp(_fwd, _bwd)
 def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
     """silu(gate) * up."""
     core.check(gate, up)
-    return _swiglu(gate, up)
+    return _swiglu(*vary_alike(gate, up))

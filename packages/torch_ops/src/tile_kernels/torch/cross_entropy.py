@@ -8,6 +8,7 @@ from torch.library import triton_op
 from tile_kernels.core import cross_entropy as core
 from tile_kernels.core import dtype_name
 
+from ._distributed import is_dtensor, replicated
 from ._runtime import as_rows, check_device, register_public_op, run_plan, target
 
 
@@ -63,6 +64,9 @@ def cross_entropy(
     """As F.cross_entropy(logits, target, ...) for 2-D logits (N, V) and integer class targets."""
     core.check(logits, target, ignore_index, reduction, label_smoothing)
     check_device(core.NAME, logits=logits, target=target)
+    if reduction == "mean" and is_dtensor(logits):  # rows may be split: the summed loss over the summed count
+        loss, _, count = cross_entropy_fwd(logits, target, ignore_index, "sum", float(label_smoothing))
+        return (loss.float() / replicated(count.detach().view(()))).to(logits.dtype)  # one all-reduce (the count)
     return cross_entropy_fwd(logits, target, ignore_index, reduction, float(label_smoothing))[0]
 
 

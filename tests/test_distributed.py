@@ -1,0 +1,122 @@
+"""Every registered op sharded across devices, through JAX (shard_map, sharding in types, jit with NamedSharding) and
+torch.distributed (DTensor, FSDP2), against the float64 references and the row-local rules (core.sharding).
+
+The work runs in subprocesses, once per framework per session (distributed_jax.py: XLA needs its 4 CPU devices before
+JAX starts; distributed_torch.py: 2 ranks over gloo), grouped on one xdist worker each; the tests here report their
+results per op. On a GPU machine (TILE_KERNELS_TEST_DEVICE=gpu) the same scripts use the visible GPUs and NCCL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from conftest import DEVICE
+from drivers import DRIVERS
+from subprocesses import ROOTS
+
+from tile_kernels.core import REGISTRY, sharding
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OPS = sorted(REGISTRY)
+GPUS = int(os.environ.get("TILE_KERNELS_NUM_GPUS", "0"))
+TIMEOUT = 900
+
+
+def _environment() -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, *ROOTS, os.environ.get("PYTHONPATH", "")])}
+    if DEVICE == "gpu":  # the subprocesses see every GPU (conftest pins this worker to one)
+        var = "HIP_VISIBLE_DEVICES" if os.environ.get("TILE_KERNELS_GPU_VENDOR") == "rocm" else "CUDA_VISIBLE_DEVICES"
+        env[var] = ",".join(str(i) for i in range(GPUS))
+    return env
+
+
+def _results(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def _by_op(results: list[dict], stderr: str) -> dict:
+    by_op: dict = {}
+    for r in results:
+        by_op.setdefault(r["op"], []).append(r)
+    by_op["_stderr"] = stderr[-4000:]
+    return by_op
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def jax_results():
+    if "jax" not in DRIVERS:
+        pytest.skip("jax not installed")
+    if DEVICE == "gpu" and GPUS < 2:
+        pytest.skip("needs 2 GPUs")
+    script = os.path.join(HERE, "distributed_jax.py")
+    done = subprocess.run([sys.executable, script], env=_environment(), capture_output=True, text=True, timeout=TIMEOUT)
+    return _by_op(_results(done.stdout), done.stderr)
+
+
+@pytest.fixture(scope="module")
+def torch_results():
+    if "torch" not in DRIVERS:
+        pytest.skip("torch not installed")
+    if DEVICE == "gpu" and GPUS < 2:
+        pytest.skip("needs 2 GPUs")
+    world, env = 2, _environment()
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world)}
+    script = os.path.join(HERE, "distributed_torch.py")
+    procs = [
+        subprocess.Popen([sys.executable, script], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for r in range(world)
+    ]  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    return _by_op([r for out, _ in outs for r in _results(out)], "\n".join(err for _, err in outs))
+
+
+def _assert_passed(results: dict, op: str, expected_checks: set) -> None:
+    got = results.get(op, [])
+    failed = [f"[{r['check']} {r['case']}{' rank ' + str(r['rank']) if 'rank' in r else ''}]\n{r['error']}"
+              for r in got if not r["ok"]]  # fmt: skip
+    assert not failed, f"{len(failed)} of {len(got)} checks failed:\n" + "\n".join(failed)
+    assert {r["check"] for r in got} >= expected_checks, (
+        f"{op}: ran {sorted({r['check'] for r in got})}, expected {sorted(expected_checks)}; stderr:\n"
+        + results["_stderr"]
+    )
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_has_a_row_local_rule(op):
+    assert op in sharding.RULES, f"{op}: add its row-local rule to tile_kernels.core.sharding.RULES"
+
+
+@pytest.mark.xdist_group("jax-distributed")
+@pytest.mark.parametrize("op", OPS)
+def test_jax_sharded(jax_results, op):
+    """shard_map over 4 devices (2x2 for two split factors), sharding in types and jit with NamedSharding."""
+    _assert_passed(jax_results, op, {"shard_map", "explicit", "auto"})
+
+
+@pytest.mark.xdist_group("torch-distributed")
+@pytest.mark.parametrize("op", OPS)
+def test_torch_dtensor(torch_results, op):
+    """DTensor inputs sharded along row-local dims, on 2 ranks: no redistribution, right placements and values."""
+    _assert_passed(torch_results, op, {"dtensor"})
+
+
+@pytest.mark.xdist_group("torch-distributed")
+def test_torch_fsdp2_llama_step_matches_torch(torch_results):
+    """One FSDP2 training step of a tiny Llama-style model from tile-kernels ops equals the torch-ops model's."""
+    _assert_passed(torch_results, "fsdp2_llama", {"fsdp2"})
