@@ -2,7 +2,8 @@
 
 Imports neither torch nor JAX. The adapters `tile_kernels.torch` and `tile_kernels.jax` execute the plans."""
 
-from . import cross_entropy, layer_norm, rms_norm, rotary, softmax, swiglu  # noqa: F401  (registers the ops)
+# importing the op modules registers the ops
+from . import cross_entropy, fused_linear_cross_entropy, layer_norm, rms_norm, rotary, softmax, swiglu  # noqa: F401
 from .plan import BufferSpec, Launch, Plan, Target, dtype_name
 from .registry import REGISTRY, BadInput, Cost, OpInfo
 

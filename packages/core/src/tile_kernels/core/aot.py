@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from .host import interpreting
-from .plan import Launch, Plan, Target, dtype_of
+from .plan import Launch, Plan, Target, dtype_of, is_ref, ref_name
 from .registry import REGISTRY
 
 _TRITON_TYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32": "i32", "int64": "i64"}
@@ -76,11 +76,11 @@ def _config(op: str, plan: Plan, launch: Launch) -> KernelConfig:
     params = launch.kernel.arg_names
     signature, constexprs = {}, dict(launch.constexprs)
     for name, value in zip(params, launch.reads + launch.writes, strict=False):
-        if isinstance(value, str):
-            signature[name] = "*" + _TRITON_TYPE[dtype_of(plan, value)]
+        if is_ref(value):
+            signature[name] = "*" + _TRITON_TYPE[dtype_of(plan, ref_name(value))]
         elif value is None:  # absent pointer: the executors pass another buffer of the launch
-            first = next(v for v in launch.reads if isinstance(v, str))
-            signature[name] = "*" + _TRITON_TYPE[dtype_of(plan, first)]
+            first = next(v for v in launch.reads if is_ref(v))
+            signature[name] = "*" + _TRITON_TYPE[dtype_of(plan, ref_name(first))]
         elif isinstance(value, float):
             signature[name] = "fp32"
         elif value == 1:  # Triton's launcher specializes integer 1 into a constant
@@ -101,6 +101,8 @@ def configs(target: TargetSpec, ops: Iterable[str] | None = None) -> list[Kernel
     for op in sorted(ops or REGISTRY):
         for plan in REGISTRY[op].plans(plan_target):
             for launch in plan.launches:
+                if not isinstance(launch, Launch):  # Gemm steps run on the frameworks' BLAS: nothing to compile
+                    continue
                 cfg = _config(op, plan, launch)
                 seen.setdefault((cfg.kernel, cfg.signature, cfg.constexprs, cfg.num_warps, cfg.num_stages), cfg)
     return list(seen.values())

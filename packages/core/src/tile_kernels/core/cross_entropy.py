@@ -10,6 +10,11 @@ Rows of up to MAX_ROW_BLOCK classes are read once into registers; wider vocabula
 online max/sum. The backward recomputes softmax from the saved lse, fully parallel over (row, vocabulary block). A
 target outside [0, V) that is not ignore_index gives a NaN loss (no host sync to raise an error). `batch`
 independent problems (a JAX vmap folded into one launch) each reduce over their own rows.
+
+The forward kernel can also write dlogits for a unit cotangent per row (0 for ignored rows; WRITE_GRAD), over the
+logits in place: fused_linear_cross_entropy uses it on each chunk of logits, so that the gradient costs no second
+pass. Both kernels take the rows they work on as views (`forward_launch` / `backward_launch` build their launches
+for this op and for that one).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, next_power_of_2
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Rows, Target, cdiv, dtype_name, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, register, round_to
 from .rows import WIDTH_BUCKETS, online_max_sum_step, online_max_sum_total, row_block
 
@@ -29,15 +34,28 @@ TARGET_DTYPES = ("int32", "int64")
 
 
 @triton.jit
+def _dlogits(x, lse, cols, t, smoothing, V, SMOOTH: tl.constexpr):
+    """d loss_row / d logits for a unit cotangent: softmax(x) - (1 - eps) * onehot(t) - eps / V."""
+    d = tl.exp(x - lse) - tl.where(cols == t, 1.0 - smoothing, 0.0)
+    if SMOOTH:
+        d -= smoothing / V
+    return d
+
+
+@triton.jit
 def cross_entropy_fwd_kernel(
     LOGITS, TARGET, rows, V, stride_row, ignore_index, smoothing,
-    LOSS, LSE, VALID,
+    LOSS, LSE, VALID, DLOGITS,
     BLOCK_V: tl.constexpr, ONE_BLOCK: tl.constexpr, SMOOTH: tl.constexpr, HAS_VALID: tl.constexpr,
+    WRITE_GRAD: tl.constexpr,
 ):  # fmt: skip
     """Grid (rows, batch): one program per row; LOSS gets the row's loss (0 when ignored), LSE its log-sum-exp,
-    VALID (for a reduction) 1.0 or 0.0 for an ignored row."""
+    VALID (for a reduction) 1.0 or 0.0 for an ignored row. With WRITE_GRAD, DLOGITS (rows of V, may be LOGITS itself)
+    gets the row's gradient for a unit cotangent (0 when ignored). x[target] is picked from the values read, never
+    re-read, so that an in-place gradient cannot race with it."""
     row = tl.program_id(1).to(tl.int64) * rows + tl.program_id(0)
     x_ptr = LOGITS + row * stride_row
+    t = tl.load(TARGET + row).to(tl.int64)
     sum_x = 0.0
     if ONE_BLOCK:
         cols = tl.arange(0, BLOCK_V)
@@ -45,31 +63,46 @@ def cross_entropy_fwd_kernel(
         x = tl.load(x_ptr + cols, mask=mask, other=-float("inf")).to(tl.float32)
         m = tl.max(x, axis=0)
         lse = m + tl.log(tl.sum(tl.exp(x - m), axis=0))
+        x_t = tl.sum(tl.where(cols == t, x, 0.0), axis=0)
         if SMOOTH:
             sum_x = tl.sum(tl.where(mask, x, 0.0), axis=0)
     else:
         m_lane = tl.full([BLOCK_V], -float("inf"), dtype=tl.float32)
         s_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
         x_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
+        t_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
         for start in range(0, V, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             x = tl.load(x_ptr + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
             m_lane, s_lane = online_max_sum_step(m_lane, s_lane, x)
+            t_lane += tl.where(cols == t, x, 0.0)
             if SMOOTH:
                 x_lane += tl.where(cols < V, x, 0.0)
         m, s = online_max_sum_total(m_lane, s_lane)
         lse = m + tl.log(s)
+        x_t = tl.sum(t_lane, axis=0)
         if SMOOTH:
             sum_x = tl.sum(x_lane, axis=0)
-    t = tl.load(TARGET + row).to(tl.int64)
-    in_range = (t >= 0) & (t < V)
-    loss = lse - tl.load(x_ptr + t, mask=in_range, other=float("nan")).to(tl.float32)
+    loss = tl.where((t >= 0) & (t < V), lse - x_t, float("nan"))
     if SMOOTH:
         loss = (1.0 - smoothing) * loss + smoothing * (lse - sum_x / V)
-    tl.store(LOSS + row, tl.where(t == ignore_index, 0.0, loss).to(LOSS.dtype.element_ty))
+    ignored = t == ignore_index
+    tl.store(LOSS + row, tl.where(ignored, 0.0, loss).to(LOSS.dtype.element_ty))
     tl.store(LSE + row, lse)
     if HAS_VALID:
-        tl.store(VALID + row, tl.where(t == ignore_index, 0.0, 1.0))
+        tl.store(VALID + row, tl.where(ignored, 0.0, 1.0))
+    if WRITE_GRAD:
+        g = tl.where(ignored, 0.0, 1.0)
+        d_ptr = DLOGITS + row * V
+        if ONE_BLOCK:
+            d = g * _dlogits(x, lse, cols, t, smoothing, V, SMOOTH)
+            tl.store(d_ptr + cols, d.to(DLOGITS.dtype.element_ty), mask=mask)
+        else:
+            for start in range(0, V, BLOCK_V):
+                cols = start + tl.arange(0, BLOCK_V)
+                x = tl.load(x_ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
+                d = g * _dlogits(x, lse, cols, t, smoothing, V, SMOOTH)
+                tl.store(d_ptr + cols, d.to(DLOGITS.dtype.element_ty), mask=cols < V)
 
 
 @triton.jit
@@ -94,7 +127,8 @@ def cross_entropy_bwd_kernel(
     DLOGITS,
     BLOCK_V: tl.constexpr, REDUCTION: tl.constexpr, SMOOTH: tl.constexpr,
 ):  # fmt: skip
-    """Grid (rows, cdiv(V, BLOCK_V), batch). REDUCTION: 0 none, 1 sum, 2 mean."""
+    """Grid (rows, cdiv(V, BLOCK_V), batch). REDUCTION: 0 none, 1 sum, 2 mean. DLOGITS (rows of V) may be LOGITS
+    itself (each element is read by the program that then writes it)."""
     b = tl.program_id(2).to(tl.int64)
     row = b * rows + tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -108,9 +142,7 @@ def cross_entropy_bwd_kernel(
             g = g / tl.load(COUNT + b)
     g = tl.where(t == ignore_index, 0.0, g)
     x = tl.load(LOGITS + row * stride_row + cols, mask=mask, other=0.0).to(tl.float32)
-    d = tl.exp(x - tl.load(LSE + row)) - tl.where(cols == t, 1.0 - smoothing, 0.0)
-    if SMOOTH:
-        d -= smoothing / V
+    d = _dlogits(x, tl.load(LSE + row), cols, t, smoothing, V, SMOOTH)
     tl.store(DLOGITS + row * V + cols, (g * d).to(DLOGITS.dtype.element_ty), mask=mask)
 
 
@@ -135,6 +167,56 @@ def check(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0
         raise TypeError(f"{NAME}: ignore_index must be an int, got {ignore_index!r}")
 
 
+Ref = str | Rows | None
+
+
+def forward_launch(
+    batch: int, rows: int, n_classes: int, *, logits: Ref, labels: Ref, loss: Ref, lse: Ref, valid: Ref = None,
+    dlogits: Ref = None, ignore_index: int, label_smoothing: float, target: Target, stride_row: int | None = None,
+) -> Launch:  # fmt: skip
+    """The forward kernel over batch*rows rows of logits; `valid` (fp32 flags) for a reduction; `dlogits` for the
+    unit-cotangent gradient (may be `logits`: in place)."""
+    block, one_block, warps = row_block(n_classes, target)
+    return Launch(
+        cross_entropy_fwd_kernel,
+        grid=(rows, batch),
+        reads=(logits, labels, rows, n_classes, n_classes if stride_row is None else stride_row, ignore_index,
+               float(label_smoothing)),
+        writes=(loss, lse, valid, dlogits),
+        constexprs=dict(BLOCK_V=block, ONE_BLOCK=one_block, SMOOTH=label_smoothing > 0, HAS_VALID=valid is not None,
+                        WRITE_GRAD=dlogits is not None),
+        num_warps=warps,
+    )  # fmt: skip
+
+
+def reduce_launch(batch: int, rows: int, reduction: str, *, row_loss: Ref, valid: Ref, loss: Ref, count: Ref) -> Launch:
+    """loss[b] = sum (mean: over the valid rows) of row_loss[b, :rows]; count[b] = valid rows. Row stride max(rows, 1):
+    give a row-less problem one column so that its buffers still have a pointer."""
+    block = min(1024, next_power_of_2(max(rows, 1)))
+    return Launch(loss_reduce_kernel, (batch,), (row_loss, valid, rows, max(rows, 1)), (loss, count),
+                  dict(BLOCK=block, MEAN=reduction == "mean"), num_warps=4)  # fmt: skip
+
+
+def backward_launch(
+    batch: int, rows: int, n_classes: int, *, logits: Ref, labels: Ref, lse: Ref, dloss: Ref, count: Ref,
+    dlogits: Ref, reduction: str, ignore_index: int, label_smoothing: float, target: Target,
+    stride_row: int | None = None,
+) -> Launch:  # fmt: skip
+    """dlogits (rows of n_classes; may be `logits`: in place) from logits, lse and the cotangent. `count` (the valid
+    rows) is read for 'mean' only."""
+    block = min(4096, next_power_of_2(n_classes))
+    warps = max(1, min(16, block // (target.warp_size * 8)))
+    return Launch(
+        cross_entropy_bwd_kernel,
+        grid=(rows, cdiv(n_classes, block), batch),
+        reads=(logits, labels, lse, dloss, count, rows, n_classes, n_classes if stride_row is None else stride_row,
+               ignore_index, float(label_smoothing)),
+        writes=(dlogits,),
+        constexprs=dict(BLOCK_V=block, REDUCTION=REDUCTIONS.index(reduction), SMOOTH=label_smoothing > 0),
+        num_warps=warps,
+    )  # fmt: skip
+
+
 def forward(
     batch: int, rows: int, n_classes: int, *, dtype: str, target_dtype: str, reduction: str, ignore_index: int,
     label_smoothing: float, target: Target, stride_row: int | None = None,
@@ -150,28 +232,19 @@ def forward(
         "lse": BufferSpec((batch, rows), "float32", zeroed=empty),
         "count": BufferSpec((batch,), "float32", zeroed=not reducing),
     }
-    if reduced:  # per-row losses and valid flags; at least one column, so that no rows still has a pointer
+    if reduced:  # per-row losses and valid flags
         buffers |= {n: BufferSpec((batch, max(rows, 1)), "float32", zeroed=empty) for n in ("row_loss", "valid")}
     launches = []
     if not empty:
-        block, one_block, warps = row_block(n_classes, target)
         launches.append(
-            Launch(
-                cross_entropy_fwd_kernel,
-                grid=(rows, batch),
-                reads=("logits", "target", rows, n_classes, n_classes if stride_row is None else stride_row,
-                       ignore_index, float(label_smoothing)),
-                writes=("row_loss" if reduced else "loss", "lse", "valid" if reduced else None),
-                constexprs=dict(BLOCK_V=block, ONE_BLOCK=one_block, SMOOTH=label_smoothing > 0, HAS_VALID=reduced),
-                num_warps=warps,
-            )
+            forward_launch(batch, rows, n_classes, logits="logits", labels="target",
+                           loss="row_loss" if reduced else "loss", lse="lse", valid="valid" if reduced else None,
+                           ignore_index=ignore_index, label_smoothing=label_smoothing, target=target,
+                           stride_row=stride_row)
         )  # fmt: skip
     if reducing:
-        block = min(1024, next_power_of_2(max(rows, 1)))
-        launches.append(
-            Launch(loss_reduce_kernel, (batch,), ("row_loss", "valid", rows, max(rows, 1)), ("loss", "count"),
-                   dict(BLOCK=block, MEAN=reduction == "mean"), num_warps=4)
-        )  # fmt: skip
+        launches.append(reduce_launch(batch, rows, reduction, row_loss="row_loss", valid="valid", loss="loss",
+                                      count="count"))  # fmt: skip
     return Plan({"logits": dtype, "target": target_dtype}, buffers, tuple(launches), ("loss", "lse", "count"))
 
 
@@ -184,18 +257,10 @@ def backward(
     buffers = {"dlogits": BufferSpec((batch, rows, n_classes), dtype, zeroed=empty)}
     launches = ()
     if not empty:
-        block = min(4096, next_power_of_2(n_classes))
-        warps = max(1, min(16, block // (target.warp_size * 8)))
         launches = (
-            Launch(
-                cross_entropy_bwd_kernel,
-                grid=(rows, cdiv(n_classes, block), batch),
-                reads=("logits", "target", "lse", "dloss", "count", rows, n_classes,
-                       n_classes if stride_row is None else stride_row, ignore_index, float(label_smoothing)),
-                writes=("dlogits",),
-                constexprs=dict(BLOCK_V=block, REDUCTION=REDUCTIONS.index(reduction), SMOOTH=label_smoothing > 0),
-                num_warps=warps,
-            ),
+            backward_launch(batch, rows, n_classes, logits="logits", labels="target", lse="lse", dloss="dloss",
+                            count="count", dlogits="dlogits", reduction=reduction, ignore_index=ignore_index,
+                            label_smoothing=label_smoothing, target=target, stride_row=stride_row),
         )  # fmt: skip
     inputs = {"logits": dtype, "target": target_dtype, "lse": "float32", "dloss": dtype, "count": "float32"}
     return Plan(inputs, buffers, launches, ("dlogits",))

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from .plan import Plan
+from .plan import Gemm, Plan, resolve, written_inputs
 
 _TRITON_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32": "i32", "int64": "i64"}
 
@@ -75,12 +75,27 @@ def run_plan(plan: Plan, *inputs: np.ndarray) -> tuple[np.ndarray, ...]:
     """Executes `plan` with `inputs` bound to plan.inputs; returns plan.outputs as new arrays."""
     if not interpreting():
         raise RuntimeError("tile_kernels: running kernels on the host needs TRITON_INTERPRET=1 set before import")
-    bufs = {name: np.ascontiguousarray(a) for name, a in zip(plan.inputs, inputs, strict=True)}
+    updated = written_inputs(plan)  # copied: the caller's arrays (JAX's, in a callback) are never written
+    bufs = {name: np.array(a, order="C") if name in updated else np.ascontiguousarray(a)
+            for name, a in zip(plan.inputs, inputs, strict=True)}  # fmt: skip
     for name, spec in plan.buffers.items():
         fill = 0 if spec.zeroed else (np.nan if poisoning() and "float" in spec.dtype else None)
         dtype = _numpy_dtype(spec.dtype)
         bufs[name] = np.empty(spec.shape, dtype) if fill is None else np.full(spec.shape, fill, dtype)
-    wrapped = {name: HostBuffer(a) for name, a in bufs.items()}
-    for launch in plan.launches:
-        launch.kernel[launch.grid](*launch.arguments(wrapped), **launch.constexprs, num_warps=launch.num_warps)
+    for step in plan.launches:
+        if isinstance(step, Gemm):
+            _gemm(bufs, step)
+            continue
+        args = [HostBuffer(a) if isinstance(a, np.ndarray) else a for a in step.arguments(bufs)]
+        step.kernel[step.grid](*args, **step.constexprs, num_warps=step.num_warps)
     return tuple(bufs[name] for name in plan.outputs)
+
+
+def _gemm(bufs: dict, step: Gemm) -> None:
+    """NumPy's matmul in fp32 (as the GPU GEMMs accumulate), rounded once to the output's dtype."""
+    a, b, out = (resolve(bufs, ref) for ref in (step.a, step.b, step.out))
+    a, b = (a.T if step.trans_a else a).astype(np.float32), (b.T if step.trans_b else b).astype(np.float32)
+    acc = a @ b
+    if step.accumulate:
+        acc += out.astype(np.float32)
+    out[...] = acc.astype(out.dtype)

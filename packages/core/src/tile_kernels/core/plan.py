@@ -1,13 +1,20 @@
 """Framework-neutral launch plans.
 
-An op's forward or backward is a `Plan`: the buffers it allocates and an ordered list of Triton kernel launches over
-named buffers. The torch adapter, the JAX adapter (jax-triton) and the host interpreter each execute the same plan; no
-kernel logic lives in the adapters.
+An op's forward or backward is a `Plan`: the buffers it allocates and an ordered list of steps over named buffers:
+Triton kernel launches, and `Gemm` steps that each executor runs with its framework's matmul (vendor BLAS; the AOT
+matrix skips them). The torch adapter, the JAX adapter (jax-triton) and the host interpreter each execute the same
+plan; no kernel logic lives in the adapters.
 
 Kernel parameter order (the jax-triton convention, which the others accept too): the buffers the launch reads and the
-scalars, in any order, then the buffers it writes, then the constexprs. A buffer is written by at most one launch; one
-that no launch writes (an empty problem) must be `zeroed`. An absent optional pointer is `None`; the kernel must not
-touch it (a constexpr flag says so); executors pass another buffer of the launch in its place.
+scalars, in any order, then the buffers it writes, then the constexprs. A buffer that no step writes (an empty
+problem) must be `zeroed`. An absent optional pointer is `None`; the kernel must not touch it (a constexpr flag says
+so); executors pass another buffer of the launch in its place.
+
+Buffer references are names (the whole buffer) or `Rows` (a leading-dim range of it: a view in torch and NumPy, a
+slice in JAX). A step that writes a reference writes all of it; later steps may write a buffer again (a chunk loop
+reuses one buffer), and a launch that reads and writes the same reference updates it in place (each element read by
+the program that then writes it). A step may also write a plan input: the executor updates it in place (torch; the
+op declares the mutation), aliases it (jax-triton) or copies it first (host).
 """
 
 from __future__ import annotations
@@ -46,6 +53,33 @@ class BufferSpec:
 
 
 @dataclass(frozen=True)
+class Rows:
+    """Rows [start, stop) of a buffer's leading dimension."""
+
+    name: str
+    start: int
+    stop: int
+
+
+def rows(name: str, start: int, stop: int, total: int) -> str | Rows:
+    """A reference to rows [start, stop) of a buffer of `total` rows: the plain name when that is all of it."""
+    return name if (start, stop) == (0, total) else Rows(name, start, stop)
+
+
+def is_ref(value: Any) -> bool:
+    return isinstance(value, (str, Rows))
+
+
+def ref_name(ref: str | Rows) -> str:
+    return ref.name if isinstance(ref, Rows) else ref
+
+
+def resolve(bufs: Mapping[str, Any], ref: str | Rows) -> Any:
+    """The array a reference names; Python slicing makes the view (torch, NumPy) or slice (JAX) of a `Rows`."""
+    return bufs[ref.name][ref.start : ref.stop] if isinstance(ref, Rows) else bufs[ref]
+
+
+@dataclass(frozen=True)
 class Launch:
     kernel: Any  # a @triton.jit function
     grid: tuple[int, ...]
@@ -58,30 +92,59 @@ class Launch:
     def arguments(self, bufs: Mapping[str, Any], with_writes: bool = True) -> list:
         """Positional kernel arguments: buffers looked up in `bufs`; an absent pointer gets the launch's first buffer
         (any valid pointer: the kernel never dereferences it). jax-triton appends the written buffers itself."""
-        anchor = next(bufs[a] for a in self.reads if isinstance(a, str))
+        anchor = next(resolve(bufs, a) for a in self.reads if is_ref(a))
         names = self.reads + (self.writes if with_writes else ())
-        return [bufs[a] if isinstance(a, str) else anchor if a is None else a for a in names]
+        return [resolve(bufs, a) if is_ref(a) else anchor if a is None else a for a in names]
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """out = op(a) @ op(b), or out += op(a) @ op(b) when `accumulate`; op(x) = x.T when trans_*. Operands are 2-D
+    references in one float dtype; products accumulate in fp32 and the result is rounded once to out's dtype (as a
+    BLAS GEMM with beta = 0 or 1). Executors run it with their framework's matmul: vendor BLAS speed on a GPU."""
+
+    out: str | Rows
+    a: str | Rows
+    b: str | Rows
+    trans_a: bool = False
+    trans_b: bool = False
+    accumulate: bool = False
+
+    @property
+    def reads(self) -> tuple:
+        return (self.a, self.b) + ((self.out,) if self.accumulate else ())
+
+    @property
+    def writes(self) -> tuple:
+        return (self.out,)
 
 
 @dataclass(frozen=True)
 class Plan:
     inputs: Mapping[str, str]  # name -> dtype of the arrays the caller binds, in this order
     buffers: Mapping[str, BufferSpec]  # allocated by the executor
-    launches: tuple[Launch, ...]
-    outputs: tuple[str, ...]  # names returned, in this order
+    launches: tuple[Launch | Gemm, ...]  # the steps, in order
+    outputs: tuple[str, ...]  # names returned, in this order (buffers, or inputs written in place)
 
     def __post_init__(self):
-        written = [w for launch in self.launches for w in launch.writes if w is not None]
-        if len(written) != len(set(written)) or not set(written) <= set(self.buffers):
-            raise AssertionError(f"a buffer is written by more than one launch or is unknown: {written}")
+        known = set(self.inputs) | set(self.buffers)
+        written = {ref_name(w) for step in self.launches for w in step.writes if w is not None}
+        if not written <= known:
+            raise AssertionError(f"steps write unknown buffers: {sorted(written - known)}")
         unwritten = [n for n, spec in self.buffers.items() if n not in written and not spec.zeroed]
         if unwritten:
             raise AssertionError(f"buffers {unwritten} are never written and not zeroed")
-        known = set(self.inputs) | set(self.buffers)
-        for launch in self.launches:
-            for name in launch.reads:
-                if isinstance(name, str) and name not in known:
-                    raise AssertionError(f"{launch.kernel} reads unknown buffer {name!r}")
+        for step in self.launches:
+            for ref in step.reads:
+                if is_ref(ref) and ref_name(ref) not in known:
+                    raise AssertionError(f"{step} reads unknown buffer {ref_name(ref)!r}")
+        if not set(self.outputs) <= known:
+            raise AssertionError(f"unknown outputs: {sorted(set(self.outputs) - known)}")
+
+
+def written_inputs(plan: Plan) -> set[str]:
+    """The plan inputs that its steps update in place."""
+    return {ref_name(w) for step in plan.launches for w in step.writes if w is not None} & set(plan.inputs)
 
 
 def dtype_of(plan: Plan, name: str) -> str:

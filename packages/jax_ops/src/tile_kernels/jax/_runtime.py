@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tile_kernels.core import Plan, Target, host
+from tile_kernels.core.plan import Gemm, Launch, Rows, is_ref, ref_name, resolve
 
 
 def mode(op: str) -> str:
@@ -72,30 +73,74 @@ def _run_host_plan(plan: Plan, *inputs: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def run_plan(plan: Plan, kind: str, *inputs: jax.Array) -> tuple[jax.Array, ...]:
-    specs = [jax.ShapeDtypeStruct(plan.buffers[n].shape, _dtype(plan.buffers[n].dtype)) for n in plan.outputs]
+    given = dict(zip(plan.inputs, inputs, strict=True))
+    specs = [_spec(plan, given, n) for n in plan.outputs]  # buffers, or inputs the plan updates in place
     if kind == "interpret":
         return tuple(jax.pure_callback(functools.partial(_run_host_plan, plan), specs, *inputs))
     jax_triton = _import_jax_triton()
     bufs = dict(zip(plan.inputs, inputs, strict=True))
-    written = {w for launch in plan.launches for w in launch.writes}
+    written = {ref_name(w) for step in plan.launches for w in step.writes if w is not None}
     for name, spec in plan.buffers.items():  # zeroed buffers no launch writes (empty problems) may still be read
         if name not in written:
             bufs[name] = jnp.zeros(spec.shape, _dtype(spec.dtype))
-    for launch in plan.launches:
-        # jax-triton passes Python floats as fp64; Triton's launcher (torch, interpreter) as fp32
-        args = [np.float32(a) if isinstance(a, float) else a for a in launch.arguments(bufs, with_writes=False)]
-        out_shape = [
-            jax.ShapeDtypeStruct((1,), jnp.float32) if w is None
-            else jax.ShapeDtypeStruct(plan.buffers[w].shape, _dtype(plan.buffers[w].dtype))
-            for w in launch.writes
-        ]  # fmt: skip
-        zeroed = tuple(i for i, w in enumerate(launch.writes) if w is not None and plan.buffers[w].zeroed)
-        results = jax_triton.triton_call(
-            *args, kernel=launch.kernel, out_shape=out_shape, grid=launch.grid, num_warps=launch.num_warps,
-            num_stages=launch.num_stages, zeroed_outputs=zeroed, **launch.constexprs,
-        )  # fmt: skip
-        bufs.update((w, r) for w, r in zip(launch.writes, results) if w is not None)
+    for step in plan.launches:
+        if isinstance(step, Gemm):
+            _gemm(plan, bufs, step)
+        else:
+            _launch(jax_triton, plan, bufs, step)
     return tuple(bufs[name] for name in plan.outputs)
+
+
+def _spec(plan: Plan, bufs: dict, ref) -> jax.ShapeDtypeStruct:
+    """Shape and dtype of what a reference names (a buffer, an input, or rows of either)."""
+    name = ref_name(ref)
+    if name in plan.buffers:
+        shape, dtype = plan.buffers[name].shape, _dtype(plan.buffers[name].dtype)
+    else:
+        shape, dtype = bufs[name].shape, bufs[name].dtype
+    return jax.ShapeDtypeStruct((ref.stop - ref.start, *shape[1:]) if isinstance(ref, Rows) else shape, dtype)
+
+
+def _store(plan: Plan, bufs: dict, ref, value: jax.Array) -> None:
+    """Binds a step's result: a whole buffer is replaced; rows are updated into it (XLA does that in place)."""
+    if not isinstance(ref, Rows):
+        bufs[ref] = value
+        return
+    base = bufs.get(ref.name)
+    if base is None:  # first write of a buffer that chunks fill row range by row range
+        base = jnp.zeros(_spec(plan, bufs, ref.name).shape, value.dtype)
+    bufs[ref.name] = jax.lax.dynamic_update_slice_in_dim(base, value, ref.start, axis=0)
+
+
+def _launch(jax_triton, plan: Plan, bufs: dict, launch: Launch) -> None:
+    """One jax_triton.triton_call. A written reference that the launch also reads is aliased to that input (the
+    kernel updates it in place); others are fresh outputs (zeroed ones zeroed first)."""
+    # jax-triton passes Python floats as fp64; Triton's launcher (torch, interpreter) as fp32
+    args = [np.float32(a) if isinstance(a, float) else a for a in launch.arguments(bufs, with_writes=False)]
+    arrays = [r for r in launch.reads if r is None or is_ref(r)]  # jax-triton's array operands, in order
+    aliases = {arrays.index(w): i for i, w in enumerate(launch.writes) if w is not None and w in arrays}
+    out_shape = [jax.ShapeDtypeStruct((1,), jnp.float32) if w is None else _spec(plan, bufs, w) for w in launch.writes]
+    zeroed = tuple(
+        i for i, w in enumerate(launch.writes)
+        if isinstance(w, str) and w in plan.buffers and plan.buffers[w].zeroed and i not in aliases.values()
+    )  # fmt: skip
+    results = jax_triton.triton_call(
+        *args, kernel=launch.kernel, out_shape=out_shape, grid=launch.grid, num_warps=launch.num_warps,
+        num_stages=launch.num_stages, zeroed_outputs=zeroed, input_output_aliases=aliases, **launch.constexprs,
+    )  # fmt: skip
+    for w, r in zip(launch.writes, results):
+        if w is not None:
+            _store(plan, bufs, w, r)
+
+
+def _gemm(plan: Plan, bufs: dict, step: Gemm) -> None:
+    """XLA's dot (cuBLAS / hipBLAS): fp32 accumulation, the result in out's dtype; float32 operands at full precision
+    (no TF32). An accumulating GEMM is an add that XLA can fold into the GEMM (beta = 1)."""
+    a, b = resolve(bufs, step.a), resolve(bufs, step.b)
+    dims = (((0 if step.trans_a else 1,), (1 if step.trans_b else 0,)), ((), ()))
+    precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+    out = jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=_spec(plan, bufs, step.out).dtype)
+    _store(plan, bufs, step.out, resolve(bufs, step.out) + out if step.accumulate else out)
 
 
 def as_problem(a: jax.Array) -> jax.Array:

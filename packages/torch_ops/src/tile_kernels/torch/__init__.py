@@ -4,6 +4,12 @@ On CUDA/ROCm tensors the compiled Triton kernels run; on CPU tensors the same ke
 TRITON_INTERPRET=1 was set before import, and a call raises a clear error otherwise."""
 
 from .cross_entropy import cross_entropy, cross_entropy_bwd, cross_entropy_fwd
+from .fused_linear_cross_entropy import (
+    fused_linear_cross_entropy,
+    fused_linear_cross_entropy_bwd,
+    fused_linear_cross_entropy_fwd,
+    fused_linear_cross_entropy_scale_,
+)
 from .norms import layer_norm, layer_norm_bwd, layer_norm_fwd, rms_norm, rms_norm_bwd, rms_norm_fwd
 from .rotary import apply_rotary, apply_rotary_bwd, apply_rotary_fwd
 from .softmax import softmax, softmax_bwd, softmax_fwd
@@ -11,6 +17,8 @@ from .swiglu import swiglu, swiglu_bwd, swiglu_fwd
 
 __all__ = [
     "apply_rotary", "apply_rotary_bwd", "apply_rotary_fwd", "cross_entropy", "cross_entropy_bwd", "cross_entropy_fwd",
+    "fused_linear_cross_entropy", "fused_linear_cross_entropy_bwd", "fused_linear_cross_entropy_fwd",
+    "fused_linear_cross_entropy_scale_",
     "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
     "softmax", "softmax_bwd", "softmax_fwd", "swiglu", "swiglu_bwd", "swiglu_fwd",
 ]  # fmt: skip

@@ -12,6 +12,7 @@ from torch.library import wrap_triton
 
 from tile_kernels.core import Plan, Target
 from tile_kernels.core.host import interpreting, poisoning
+from tile_kernels.core.plan import Gemm, resolve
 
 _LIBRARY = torch.library.Library("tile_kernels", "FRAGMENT")
 
@@ -76,7 +77,20 @@ def run_plan(plan: Plan, *inputs: torch.Tensor, device: torch.device) -> tuple[t
     if interpreting() and any(is_fake(t) for t in inputs):
         return tuple(bufs[name] for name in plan.outputs)  # tracing: shapes only; the interpreter cannot run on fakes
     for launch in plan.launches:
+        if isinstance(launch, Gemm):
+            _gemm(bufs, launch)
+            continue
         wrap_triton(launch.kernel)[launch.grid](
             *launch.arguments(bufs), **launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages
         )
     return tuple(bufs[name] for name in plan.outputs)
+
+
+def _gemm(bufs: dict, step: Gemm) -> None:
+    """torch's matmul (cuBLAS / hipBLAS: fp32 accumulation) into the plan's buffer; += through addmm's beta = 1."""
+    a, b, out = (resolve(bufs, ref) for ref in (step.a, step.b, step.out))
+    a, b = a.t() if step.trans_a else a, b.t() if step.trans_b else b
+    if step.accumulate:
+        out.addmm_(a, b)
+    else:
+        torch.mm(a, b, out=out)
