@@ -206,6 +206,58 @@ def check_auto(case, run_whole: bool) -> None:
         _check_global(case, "jit with NamedSharding (interpret mode, calls whole)", outs, grads, cotangents)
 
 
+def _examples(case, count: int) -> dict:
+    """`count` different examples of the case's arrays stacked on a new leading axis: floats scaled, ints rolled."""
+    stacked = {}
+    for k in case.arrays():
+        a = case.kwargs[k]
+        if a.dtype.kind == "i":
+            stacked[k] = np.stack([np.roll(a, i) for i in range(count)])
+        else:
+            stacked[k] = np.stack([round_to(a.astype(np.float64) * (1 + 0.25 * i), a.dtype.name) for i in range(count)])
+    return stacked
+
+
+def check_vmap(case) -> None:
+    """jax.vmap over a leading axis split over the devices (one example each), with sharding in types and under jit
+    with NamedSharding: the vmapped axis folds into the calls' problem axis, which splits like rows; no gathers."""
+    info, names = REGISTRY[case.op], case.arrays()
+    stacked = _examples(case, DEVICES)
+    static = {k: v for k, v in case.kwargs.items() if k not in names}
+    vmapped = jax.vmap(lambda arrays: _tuple(getattr(tk, case.op)(**static, **arrays)))
+    examples = [{**case.kwargs, **{k: stacked[k][i] for k in names}} for i in range(DEVICES)]
+    refs = [info.reference(**e) for e in examples]
+    cotangents = _cotangents(case, [(DEVICES, *r.shape) for r in refs[0]], 4)
+    fwd_bwd = jax.jit(_fwd_bwd(case, vmapped))
+    mesh = jax.make_mesh((DEVICES,), ("x",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:DEVICES])
+    with jax.set_mesh(mesh):
+        arrays = {k: jax.device_put(v, P("x")) for k, v in stacked.items()}
+        cts = tuple(jax.device_put(c, P("x")) for c in cotangents)
+        outs, grads = fwd_bwd(arrays, cts)
+        _no_gathers("vmap, sharding in types", fwd_bwd.lower(arrays, cts).compile().as_text())
+    for i, out in enumerate(outs):
+        assert _same(jax.typeof(out).sharding.spec, P("x"), out.ndim), f"vmap: output {i} is not split like the batch"
+        sc.check(f"vmap output {i}", _np(out), np.stack([r[i] for r in refs]), case)
+    for k, g in zip(case.grad_args(), grads):
+        expected = [info.reference_vjp(e, tuple(c[i] for c in cotangents))[k] for i, e in enumerate(examples)]
+        sc.check(f"vmap d{k}", _np(g), np.stack(expected), case, k)
+    mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("x",))
+    arrays = {k: jax.device_put(v, NamedSharding(mesh, P("x"))) for k, v in stacked.items()}
+    cts = tuple(jax.device_put(c, NamedSharding(mesh, P("x"))) for c in cotangents)
+    _sharding.PARTITION_IN_INTERPRET_MODE = DEVICE == "cpu"  # compile only on a CPU (see check_auto)
+    jax.clear_caches()
+    try:
+        compiled = jax.jit(_fwd_bwd(case, vmapped)).lower(arrays, cts).compile()
+    finally:
+        _sharding.PARTITION_IN_INTERPRET_MODE = False
+        jax.clear_caches()
+    _no_gathers("vmap, jit with NamedSharding", compiled.as_text())
+    if DEVICE != "cpu":
+        outs, _ = compiled(arrays, cts)
+        for i, out in enumerate(outs):
+            sc.check(f"vmap (jit with NamedSharding) output {i}", _np(out), np.stack([r[i] for r in refs]), case)
+
+
 def main(ops: list[str]) -> None:
     for op in ops:
         for index, case in enumerate(sc.cases(op, DEVICES)):
@@ -213,6 +265,8 @@ def main(ops: list[str]) -> None:
             checks.append(("auto", lambda c=case, first=index == 0: check_auto(c, first)))
             if not case.whole:
                 checks.insert(0, ("shard_map", lambda c=case: check_shard_map(c)))
+            if index == 0:
+                checks.append(("vmap", lambda c=case: check_vmap(c)))
             for name, fn in checks:
                 try:
                     fn()

@@ -8,7 +8,8 @@ outputs are named dim by dim by the factor specs `ins` / `outs`. Arrays sharded 
     and makes it gather the others; the per-device lowering is the same body as the shard_map's;
   * inside a shard_map, or on one device: the call itself (custom_partitioning lowers to it there).
 The per-device body runs the call on the local pieces and sums (psum) every output that lacks a sharded factor (a
-norm's dweight); `sharded_body(call, axes)` replaces that body where an op combines its pieces otherwise (a mean).
+norm's dweight); `sharded_body(call, {factor: mesh axes})` may return another body where an op combines its pieces
+otherwise (a mean over split rows), or None for the default.
 A factor is split only if the mesh axes divide its size evenly: padded pieces would corrupt the sums.
 
 Interpret mode has no custom_partitioning: JAX lowers the per-device body while compiling, after the program's host
@@ -107,8 +108,9 @@ def _body(call, layout: _Layout, plan: _Plan, sharded_body):
     """What each device runs on its pieces."""
     if not plan.axes:
         return lambda *local: tuple(call(*local))
-    if sharded_body is not None:
-        return lambda *local: tuple(sharded_body(call, plan.used())(*local))
+    custom = sharded_body(call, plan.axes) if sharded_body is not None else None
+    if custom is not None:
+        return lambda *local: tuple(custom(*local))
 
     def body(*local):
         outs = []
@@ -208,12 +210,25 @@ def vary_alike(*arrays):
     return tuple(map(mark, arrays))
 
 
+PROBLEMS, SHARED = "p", "q"  # the problem axis of every call (a vmap folds into it), and that of a shareable argument
+
+
+def _problems(factors: tuple, shape: tuple, problems: int) -> tuple:
+    """A shareable argument (a weight, rotary tables) has one entry for all problems or one per problem: in the
+    latter case its leading factor is the problem axis itself, cut with the other arrays'."""
+    if factors[:1] == (SHARED,) and shape[0] == problems > 1:
+        return (PROBLEMS,) + factors[1:]
+    return factors
+
+
 def row_local(
     op: str, call: Callable, ins: Sequence[str], outs: Sequence[str], split: Sequence[str],
     sharded_body: Callable | None = None,
 ) -> Callable:  # fmt: skip
     """`call` with the row-local rule (factor specs of its inputs and outputs, the factors that may split) applied
-    to sharded arrays, as the module docstring describes."""
+    to sharded arrays, as the module docstring describes. Every call's first array leads with the problem axis p
+    (problems are independent: it may always split); a shareable argument leads with q (one entry, or one per
+    problem)."""
     from ._runtime import mode
 
     call = _varying(call)
@@ -221,9 +236,9 @@ def row_local(
     def wrapped(*arrays):
         shapes = {i: a.shape for i, a in enumerate(arrays)}
         lead = sharding.lead_count(dict(enumerate(ins)), shapes)
-        in_dims = tuple(sharding.dims(s, a.ndim) for s, a in zip(ins, arrays, strict=True))
+        in_dims = tuple(_problems(sharding.dims(s, a.ndim), a.shape, arrays[0].shape[0]) for s, a in zip(ins, arrays))
         sizes = {f: n for factors, a in zip(in_dims, arrays) for f, n in zip(factors, a.shape)}
-        allowed = frozenset(sharding.split_factors(tuple(split), sizes))
+        allowed = frozenset(sharding.split_factors(tuple(split) + (PROBLEMS,), sizes))
         layout = _Layout(in_dims, tuple(sharding.output_dims(s, lead) for s in outs), sizes, allowed)
         explicit = [_explicit(a) for a in arrays]
         if any(e is not None for e in explicit):

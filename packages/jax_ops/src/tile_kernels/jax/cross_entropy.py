@@ -28,9 +28,12 @@ def _forward_call(ignore_index: int, reduction: str, label_smoothing: float):
         settings = _settings(kind, logits3, labels2, ignore_index, reduction, label_smoothing)
         return list(run_plan(core.forward(batch, rows, classes, **settings), kind, logits3, labels2))
 
-    def sharded_mean(call, axes):
-        """Rows split over `axes`: the mean is the sum of the pieces' sums over the summed count of counted rows
-        (the count goes on to the backward, which then needs no communication)."""
+    def sharded_mean(call, split):
+        """Rows split: the mean is the sum of the pieces' sums over the summed count of counted rows (the count goes
+        on to the backward, which then needs no communication). Problems split alone need nothing special."""
+        axes = split.get("r")
+        if not axes:
+            return None
 
         def body(logits3, labels2):
             loss, lse, count = call(logits3, labels2, reduction="sum")

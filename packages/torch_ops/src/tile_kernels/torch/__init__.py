@@ -3,6 +3,7 @@
 On CUDA/ROCm tensors the compiled Triton kernels run; on CPU tensors the same kernels run in Triton's interpreter when
 TRITON_INTERPRET=1 was set before import, and a call raises a clear error otherwise."""
 
+from ._distributed import register_rules
 from .cross_entropy import cross_entropy, cross_entropy_bwd, cross_entropy_fwd
 from .fused_linear_cross_entropy import (
     fused_linear_cross_entropy,
@@ -14,6 +15,8 @@ from .norms import layer_norm, layer_norm_bwd, layer_norm_fwd, rms_norm, rms_nor
 from .rotary import apply_rotary, apply_rotary_bwd, apply_rotary_fwd
 from .softmax import softmax, softmax_bwd, softmax_fwd
 from .swiglu import swiglu, swiglu_bwd, swiglu_fwd
+
+register_rules()  # DTensor sharding strategies of the ops above (tile_kernels.core.sharding)
 
 __all__ = [
     "apply_rotary", "apply_rotary_bwd", "apply_rotary_fwd", "cross_entropy", "cross_entropy_bwd", "cross_entropy_fwd",

@@ -36,10 +36,11 @@ def replicated(t: DTensor) -> DTensor:
     return t.redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim)
 
 
-def _strategies(ins: list, outs: list, split: tuple[str, ...], args: tuple, unused: tuple = ()) -> list:
+def _strategies(ins: list, outs: list, split: tuple[str, ...], args: tuple, linear: tuple = ()) -> list:
     """(output placements, input placements) pairs for one mesh dim; a spec of None is a non-tensor argument (or an
     absent optional one) among the inputs, and a placeholder output (an empty tensor) that stays replicated. Inputs
-    in `unused` (indices) are not read by the kernel: they may stay Partial where they lack the split factor."""
+    in `linear` (indices) may stay Partial where they lack the split factor: the kernel does not read them, or only
+    scales them in place (a partial sum scaled is the scaled sum's part)."""
     shapes = {i: tuple(a.shape) for i, (a, s) in enumerate(zip(args, ins)) if s is not None}
     lead = sharding.lead_count({i: s for i, s in enumerate(ins) if s is not None}, shapes)
     in_dims = [None if s is None else sharding.dims(s, len(shapes[i])) for i, s in enumerate(ins)]
@@ -50,7 +51,7 @@ def _strategies(ins: list, outs: list, split: tuple[str, ...], args: tuple, unus
             Replicate() if d is None else Shard(d.index(factor)) if factor in d else Partial() for d in out_dims
         ]  # fmt: skip
         in_placements = [
-            None if d is None else Shard(d.index(factor)) if factor in d else Partial() if i in unused else Replicate()
+            None if d is None else Shard(d.index(factor)) if factor in d else Partial() if i in linear else Replicate()
             for i, d in enumerate(in_dims)
         ]  # fmt: skip
         strategies.append((out_placements, in_placements))
@@ -58,14 +59,15 @@ def _strategies(ins: list, outs: list, split: tuple[str, ...], args: tuple, unus
 
 
 def row_local(op, rule: Callable) -> None:
-    """Registers `rule(*args) -> (input specs, output specs, split factors[, unused inputs])` (factor specs as in
+    """Registers `rule(*args) -> (input specs, output specs, split factors[, linear inputs])` (factor specs as in
     core.sharding, one per schema argument and per output) as the DTensor strategies of `op`."""
     if not AVAILABLE:
         return
 
     @register_sharding(op)
     def strategies(*args, **kwargs):
-        return _strategies(*rule(*args, **kwargs)[:3], args, *rule(*args, **kwargs)[3:])
+        ins, outs, split, *linear = rule(*args, **kwargs)
+        return _strategies(ins, outs, split, args, *linear)
 
 
 def _opt(tensor, spec: str):
@@ -124,8 +126,36 @@ def register_rules() -> None:
 
     def ce_bwd(dloss, logits, target, lse, count, ignore_index, reduction, label_smoothing):
         dloss_spec = "r" if reduction == "none" else ""
-        unused = () if reduction == "mean" else (4,)  # only a mean reads the count
-        return [dloss_spec, "r v", "r", "r", "c", None, None, None], ["r v"], ("r",), unused
+        linear = () if reduction == "mean" else (4,)  # only a mean reads the count
+        return [dloss_spec, "r v", "r", "r", "c", None, None, None], ["r v"], ("r",), linear
 
     row_local(ops.cross_entropy_fwd.default, ce_fwd)
     row_local(ops.cross_entropy_bwd.default, ce_bwd)
+    if hasattr(ops, "fused_linear_cross_entropy_fwd"):
+        _register_fused_linear_cross_entropy(ops)
+
+
+def _register_fused_linear_cross_entropy(ops) -> None:
+    """Rows split; the weight whole, so dweight comes out Partial; no strategy splits the rows of a mean (the public
+    function sums instead). The forward of sum/mean returns the unscaled gradients (placeholders, z, when not asked
+    for), which the in-place scale op multiplies as they are placed: dhidden by rows, dweight as partial sums."""
+
+    def fwd(hidden, weight, target, ignore_index, reduction, chunk_size, grad_hidden, grad_weight):
+        reduced = reduction != "none"
+        grads = ["r k" if reduced and grad_hidden else None, "v k" if reduced and grad_weight else None]
+        outs = ["" if reduced else "r", "r", "c", *grads]
+        return ["r k", "v k", "r", None, None, None, None, None], outs, () if reduction == "mean" else ("r",)
+
+    def bwd(dloss, hidden, weight, target, lse, ignore_index, chunk_size, grad_hidden, grad_weight):
+        ins = ["r", "r k", "v k", "r", "r", None, None, None, None]
+        return ins, ["r k" if grad_hidden else None, "v k" if grad_weight else None], ("r",)
+
+    def scale(dloss, count, dhidden, dweight, reduction):
+        hidden_spec = "r k" if dhidden.shape[0] else "z k"
+        linear = (3,) if dweight.shape[0] else ()
+        linear += () if reduction == "mean" else (1,)
+        return ["", "c", hidden_spec, "v k" if dweight.shape[0] else "z k", None], [], ("r",), linear
+
+    row_local(ops.fused_linear_cross_entropy_fwd.default, fwd)
+    row_local(ops.fused_linear_cross_entropy_bwd.default, bwd)
+    row_local(ops.fused_linear_cross_entropy_scale_.default, scale)
