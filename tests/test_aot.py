@@ -59,3 +59,27 @@ def test_a_kernel_broken_for_one_target_fails_naming_it():
     run = _python(f.name)
     assert "cuda:90 ok" in run.stdout, run.stdout + run.stderr
     assert "ERR hip:gfx942: demo/nvidia_only[" in run.stdout and "failed to compile" in run.stdout, run.stdout
+
+
+needs_tilelang = pytest.mark.skipif(aot.missing_tilelang() is not None, reason="tilelang not installed")
+
+
+@needs_tilelang
+def test_tilelang_kernels_join_the_matrix_for_their_targets():
+    """rms_norm's TileLang kernels, every kernel in every dtype, for sm_80 / sm_90a (nvcc builds) and gfx942
+    (source); the other targets have none."""
+    for name in aot.TARGETS:
+        tilelang = [c for c in aot.configs(aot.TARGETS[name], ["rms_norm"]) if isinstance(c, aot.TileLangConfig)]
+        expected = 15 if name in aot.TILELANG_TARGETS else 0  # 4 kernels + the column sum, 3 dtypes
+        assert len(tilelang) == expected, name
+    names = {c.kernel_name for c in aot.tilelang_configs(aot.TARGETS["hip:gfx942"])}
+    assert names == {"rms_norm_fwd", "rms_norm_fwd_residual", "rms_norm_bwd", "rms_norm_bwd_dh", "rms_norm_colsum"}
+
+
+@needs_tilelang
+def test_a_broken_tilelang_kernel_fails_naming_kernel_config_and_target():
+    broken = aot.TileLangConfig("rms_norm", "rms_norm_bwd", "not_a_dtype", "float32")
+    for target in aot.TILELANG_TARGETS:
+        with pytest.raises(aot.AotError, match=rf"{target}: rms_norm/rms_norm_bwd\[tilelang; x=not_a_dtype, "
+                           r"weight=float32\] failed to lower"):  # fmt: skip
+            aot.compile_config(broken, aot.TARGETS[target])

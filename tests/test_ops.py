@@ -7,18 +7,28 @@ output must be within 2x the error of rounding the float64 reference to the outp
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
+from conftest import DEVICE
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tile_kernels.core import REGISTRY
+from tile_kernels.core import REGISTRY, backends
 from tile_kernels.core.registry import round_to
 
 DTYPES = ("float32", "float16", "bfloat16")
 ULP = {"float32": 1e-5, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 OPS = sorted(REGISTRY)
+PLATFORM = "cpu" if DEVICE == "cpu" else os.environ.get("TILE_KERNELS_GPU_VENDOR", "cuda")
+# (op, backend) for every backend that can run on this platform; backend None for an op with only one (no argument)
+OP_BACKENDS = [
+    pytest.param(op, b if len(backends.backends_of(op)) > 1 else None, id=f"{op}-{b}" if b != "triton" else op)
+    for op in OPS
+    for b in backends.backends_of(op)
+    if b == "triton" or PLATFORM == "cuda"
+]
 # widths: small odd ones, and buckets around the in-register limit (16384) and the streamed path
 WIDTHS = st.one_of(st.integers(1, 300), st.sampled_from([512, 1000, 4096, 8193, 16384, 16385, 40000]))
 
@@ -60,69 +70,81 @@ def _layout(driver, layout):
     return layout if layout in driver.layouts else "contiguous"
 
 
-@pytest.mark.parametrize("op", OPS)
+def _with_backend(kwargs: dict, op: str, backend: str | None) -> dict:
+    """The call's arguments plus backend= (for an op with several backends); skips one that cannot run here (its
+    toolchain missing: the reason shows in the report)."""
+    if backend is None:
+        return kwargs
+    why = backends.unavailable(backend, PLATFORM)
+    if why:
+        pytest.skip(f"{op}: backend {backend!r} {why}")
+    return {**kwargs, "backend": backend}
+
+
+@pytest.mark.parametrize("op, backend", OP_BACKENDS)
 @given(data=st.data())
-def test_forward_matches_reference(driver, op, data):
+def test_forward_matches_reference(driver, op, backend, data):
     kwargs, layout, _ = data.draw(problems(op))
-    outs = driver.call(op, kwargs, _layout(driver, layout))
+    outs = driver.call(op, _with_backend(kwargs, op, backend), _layout(driver, layout))
     refs = REGISTRY[op].reference(**kwargs)
     assert len(outs) == len(refs)
     for i, (out, ref) in enumerate(zip(outs, refs)):
         assert_close(f"{op} output {i}", out, ref, _dtype(kwargs))
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op, backend", OP_BACKENDS)
 @given(data=st.data())
-def test_gradients_match_reference(driver, op, data):
+def test_gradients_match_reference(driver, op, backend, data):
     info = REGISTRY[op]
     kwargs, layout, seed = data.draw(problems(op))
     dtype = _dtype(kwargs)
     refs = info.reference(**kwargs)
     rng = np.random.default_rng(seed + 1)
     cotangents = tuple(round_to(rng.standard_normal(r.shape), dtype) for r in refs)
-    outs, grads = driver.vjp(op, kwargs, info.grad_args, cotangents, _layout(driver, layout))
+    args = _with_backend(kwargs, op, backend)
+    outs, grads = driver.vjp(op, args, info.grad_args, cotangents, _layout(driver, layout))
     ref_grads = info.reference_vjp(kwargs, cotangents)
     assert set(grads) == set(ref_grads)
     for name, grad in grads.items():
         assert_close(f"{op} d{name}", grad, ref_grads[name], str(kwargs[name].dtype))
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op, backend", OP_BACKENDS)
 @pytest.mark.parametrize("shape", [(2, 262144), (3, 65536 + 7)], ids=["256K", "64K+7"])
-def test_wide_rows_forward_and_backward(driver, op, shape):
+def test_wide_rows_forward_and_backward(driver, op, backend, shape):
     """The streamed path at the widths named in the issue (bfloat16, the common training dtype)."""
     info = REGISTRY[op]
     kwargs = info.sample(np.random.default_rng(0), shape, "bfloat16", **{k: v[-1] for k, v in info.options.items()})
     refs = info.reference(**kwargs)
     cotangents = tuple(round_to(np.random.default_rng(1).standard_normal(r.shape), "bfloat16") for r in refs)
-    outs, grads = driver.vjp(op, kwargs, info.grad_args, cotangents)
+    outs, grads = driver.vjp(op, _with_backend(kwargs, op, backend), info.grad_args, cotangents)
     for i, (out, ref) in enumerate(zip(outs, refs)):
         assert_close(f"{op} output {i}", out, ref, "bfloat16")
     for name, ref in info.reference_vjp(kwargs, cotangents).items():
         assert_close(f"{op} d{name}", grads[name], ref, "bfloat16")
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op, backend", OP_BACKENDS)
 @pytest.mark.parametrize("shape", [(0, 16), (3, 0, 8), (4, 0)], ids=["no-rows", "no-rows-3d", "no-cols"])
-def test_empty_inputs_give_empty_outputs_and_zero_weight_grads(driver, op, shape):
+def test_empty_inputs_give_empty_outputs_and_zero_weight_grads(driver, op, backend, shape):
     info = REGISTRY[op]
     kwargs = info.sample(np.random.default_rng(0), shape, "float32")
     refs = info.reference(**kwargs)
     cotangents = tuple(np.zeros(r.shape, np.float32) for r in refs)
-    outs, grads = driver.vjp(op, kwargs, info.grad_args, cotangents)
+    outs, grads = driver.vjp(op, _with_backend(kwargs, op, backend), info.grad_args, cotangents)
     assert [o.shape for o in outs] == [r.shape for r in refs]
     for name, grad in grads.items():
         assert grad.shape == kwargs[name].shape
         assert np.all(grad == 0), f"d{name} of an empty input must be zeros"
 
 
-@pytest.mark.parametrize("op", OPS)
-def test_bad_inputs_raise_clear_errors(driver, op):
+@pytest.mark.parametrize("op, backend", OP_BACKENDS)
+def test_bad_inputs_raise_clear_errors(driver, op, backend):
     info = REGISTRY[op]
     kwargs = info.sample(np.random.default_rng(0), (3, 17), "float32", **{k: v[-1] for k, v in info.options.items()})
     for bad in info.bad_inputs(kwargs):
         with pytest.raises(bad.error, match=bad.match):
-            driver.call(op, {**kwargs, **bad.changes})
+            driver.call(op, {**_with_backend(kwargs, op, backend), **bad.changes})
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -3,20 +3,24 @@
 The configurations come from the ops' own plan builders (`OpInfo.plans(target)`), run with the target's warp width,
 so the matrix holds exactly what the heuristics can choose on that target. Each one is compiled with
 `triton.compile(ASTSource(...), target=GPUTarget(...))` — no GPU needed — and checked against the target's shared
-memory. Failures name the kernel, the configuration and the target.
+memory. The ops' TileLang kernels (backend="tilelang", backends.py) join the matrix for TILELANG_TARGETS: lowered by
+TileLang for the target and built with nvcc on CUDA targets; HIP targets are lowered to source only (no hipcc on the
+build machines). Failures name the kernel, the configuration and the target.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from . import backends
 from .host import interpreting
-from .plan import Launch, Plan, Target, dtype_of, is_ref, ref_name
+from .plan import FLOAT_DTYPES, Launch, Plan, Target, dtype_of, is_ref, ref_name
 from .registry import REGISTRY
 
 _TRITON_TYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32": "i32", "int64": "i64"}
@@ -94,8 +98,9 @@ def _config(op: str, plan: Plan, launch: Launch) -> KernelConfig:
                         launch.num_stages)  # fmt: skip
 
 
-def configs(target: TargetSpec, ops: Iterable[str] | None = None) -> list[KernelConfig]:
-    """The distinct kernel configurations of the registered ops on `target`, in a stable order."""
+def configs(target: TargetSpec, ops: Iterable[str] | None = None) -> list[KernelConfig | TileLangConfig]:
+    """The distinct kernel configurations of the registered ops on `target`, in a stable order: the Triton ones, then
+    the TileLang ones."""
     seen: dict = {}
     plan_target = Target(warp_size=target.warp_size, num_sms=target.num_sms)
     for op in sorted(ops or REGISTRY):
@@ -105,18 +110,74 @@ def configs(target: TargetSpec, ops: Iterable[str] | None = None) -> list[Kernel
                     continue
                 cfg = _config(op, plan, launch)
                 seen.setdefault((cfg.kernel, cfg.signature, cfg.constexprs, cfg.num_warps, cfg.num_stages), cfg)
-    return list(seen.values())
+    return list(seen.values()) + tilelang_configs(target, ops)
+
+
+# The TileLang part of the matrix: target name -> (TileLang target, whether to build the lowered source with nvcc).
+# Hopper needs TileLang's arch-specific sm_90a (its plain sm_90 build fails).
+TILELANG_TARGETS = {
+    "cuda:80": ({"kind": "cuda", "arch": "sm_80"}, True),
+    "cuda:90": ({"kind": "cuda", "arch": "sm_90a"}, True),
+    "hip:gfx942": ({"kind": "hip", "mcpu": "gfx942"}, False),
+}
+
+
+@dataclass(frozen=True)
+class TileLangConfig:
+    """One TileLang kernel of an op (its backend module's `variants`), built by the module's `lower` / `build`."""
+
+    op: str
+    kernel_name: str
+    x_dtype: str
+    weight_dtype: str
+
+    def describe(self) -> str:
+        return f"{self.op}/{self.kernel_name}[tilelang; x={self.x_dtype}, weight={self.weight_dtype}]"
+
+
+def missing_tilelang() -> str | None:
+    """Why the TileLang kernels are not in the matrix on this machine, or None."""
+    if importlib.util.find_spec("tilelang") is None:
+        return "tilelang not installed (pip install tile-kernels[tilelang])"
+    return None
+
+
+def tilelang_configs(target: TargetSpec, ops: Iterable[str] | None = None) -> list[TileLangConfig]:
+    if target.name not in TILELANG_TARGETS or missing_tilelang():
+        return []
+    ops = [op for op in sorted(ops or REGISTRY) if "tilelang" in backends.backends_of(op)]
+    return [TileLangConfig(op, *v) for op in ops for v in backends.module(op, "tilelang").variants(FLOAT_DTYPES)]
 
 
 class AotError(RuntimeError):
     pass
 
 
-def compile_config(cfg: KernelConfig, target: TargetSpec):
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _compile_tilelang(cfg: TileLangConfig, target: TargetSpec):
+    """The JITKernel (nvcc build) or, for a source-only target, TileLang's lowered artifact."""
+    tilelang_target, build = TILELANG_TARGETS[target.name]
+    module = backends.module(cfg.op, "tilelang")
+    if build and backends.find_cuda_home() is None:
+        raise AotError(f"{target.name}: {cfg.describe()} cannot be built: no CUDA toolkit (nvcc) found")
+    try:
+        step = module.build if build else module.lower
+        return step(cfg.kernel_name, cfg.x_dtype, cfg.weight_dtype, tilelang_target)
+    except Exception as e:  # noqa: BLE001 - any lowering or nvcc failure is reported with its context
+        what = "lower and build" if build else "lower"
+        raise AotError(f"{target.name}: {cfg.describe()} failed to {what} ({tilelang_target}): {_first_line(e)}") from e
+
+
+def compile_config(cfg: KernelConfig | TileLangConfig, target: TargetSpec):
     """Compiles one configuration for one target; raises AotError naming both."""
     import triton
     from triton.compiler import ASTSource
 
+    if isinstance(cfg, TileLangConfig):
+        return _compile_tilelang(cfg, target)
     if interpreting():
         raise AotError("ahead-of-time compiles need TRITON_INTERPRET unset: under it the kernels are interpreted")
     try:
@@ -124,8 +185,7 @@ def compile_config(cfg: KernelConfig, target: TargetSpec):
         options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         compiled = triton.compile(source, target=target.gpu_target(), options=options)
     except Exception as e:  # noqa: BLE001 - any compiler failure is reported with its context
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AotError(f"{target.name}: {cfg.describe()} failed to compile: {first_line}") from e
+        raise AotError(f"{target.name}: {cfg.describe()} failed to compile: {_first_line(e)}") from e
     if compiled.metadata.shared > target.shared_bytes:
         raise AotError(
             f"{target.name}: {cfg.describe()} needs {compiled.metadata.shared} bytes of shared memory, "
@@ -149,11 +209,21 @@ def _compile_slice(target_name: str, ops: tuple[str, ...] | None, indices: list[
     return done
 
 
-def _write(out: str, target: TargetSpec, cfg: KernelConfig, compiled) -> dict:
-    kind = "cubin" if target.backend == "cuda" else "hsaco"
+def _write(out: str, target: TargetSpec, cfg: KernelConfig | TileLangConfig, compiled) -> dict:
     digest = hashlib.sha256(cfg.describe().encode()).hexdigest()[:16]
     folder = os.path.join(out, target.name.replace(":", "-"))
     os.makedirs(folder, exist_ok=True)
+    if isinstance(cfg, TileLangConfig):  # the device source, and the TVM-FFI library where it was built
+        path = os.path.join(folder, f"{cfg.kernel_name}-{digest}.{'cu' if target.backend == 'cuda' else 'hip'}")
+        built = TILELANG_TARGETS[target.name][1]
+        with open(path, "w") as f:
+            f.write(compiled.get_kernel_source() if built else compiled.kernel_source)
+        record = {"config": cfg.describe(), "file": os.path.relpath(path, out)}
+        if built:
+            compiled.export_library(path[: -len(".cu")] + ".so")
+            record["library"] = os.path.relpath(path[: -len(".cu")] + ".so", out)
+        return record
+    kind = "cubin" if target.backend == "cuda" else "hsaco"
     path = os.path.join(folder, f"{cfg.kernel_name}-{digest}.{kind}")
     with open(path, "wb") as f:
         f.write(compiled.asm[kind])

@@ -33,6 +33,9 @@ def _aot(args) -> int:
             for cfg in aot.configs(aot.TARGETS[name], args.op):
                 print(f"{name}  {cfg.describe()}")
         return 0
+    tilelang = [t for t in targets if t in aot.TILELANG_TARGETS]
+    if tilelang and aot.missing_tilelang():
+        print(f"tile-kernels aot: TileLang kernels left out of {', '.join(tilelang)}: {aot.missing_tilelang()}")
     start = time.perf_counter()
     failures = aot.run_matrix(targets, args.op, args.out, args.jobs, None if args.quiet else _progress)
     for failure in failures:
@@ -59,7 +62,8 @@ def main(argv=None) -> int:
         help="compile every kernel configuration for NVIDIA and AMD targets, without a GPU",
         description="Compiles every launch configuration of every registered op for each target (default: all of "
         "cuda:80, cuda:90, cuda:100, hip:gfx90a, hip:gfx942, hip:gfx950) and fails naming the kernel, the "
-        "configuration and the target of any that does not compile. --out writes the binaries and a manifest.",
+        "configuration and the target of any that does not compile. TileLang kernels join cuda:80, cuda:90 (nvcc "
+        "builds) and hip:gfx942 (source only). --out writes the binaries and a manifest.",
     )
     aot.add_argument("--target", action="append", help="e.g. cuda:90 or hip:gfx942 (repeatable; default: all)")
     aot.add_argument("--op", action="append", help="only these ops (repeatable; default: all registered)")

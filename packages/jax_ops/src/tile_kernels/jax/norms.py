@@ -1,77 +1,111 @@
 """JAX adapter of the norm family (tile_kernels.core.norms): rms_norm and layer_norm, with custom_vjp for grad and
-custom_vmap (one launch; per-problem weights and weight gradients) for vmap."""
+custom_vmap (one launch; per-problem weights and weight gradients) for vmap. rms_norm's TileLang and CUDA C++ backends
+(tile_kernels.core.backends) run their Plans of Calls through `_calls.run_calls` in place of the Triton plans; the
+wiring around them is the same."""
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
-from tile_kernels.core import dtype_name, norms
+from tile_kernels.core import backends, dtype_name, norms
 from tile_kernels.core import layer_norm as layer_core
 from tile_kernels.core import rms_norm as rms_core
 
-from ._runtime import as_problem, mode, problem_batched, run_plan, target
+from ._calls import cuda_arch, platform, run_calls
+from ._runtime import mode, problem_batched, run_plan, target
+from ._sharding import row_local, vary_alike
+
+
+def _rows3(a: jax.Array) -> jax.Array:
+    """(problems, rows, n) view of (problems, ..., n): the compiled backends' layout."""
+    return a.reshape(a.shape[0], math.prod(a.shape[1:-1]), a.shape[-1])
 
 
 @functools.cache
-def _forward_call(eps: float, is_rms: bool, has_bias: bool, has_residual: bool):
-    def call(x3, w2, *rest):  # rest: [bias2], [residual3]
+def _forward_call(eps: float, is_rms: bool, has_bias: bool, has_residual: bool, backend: str):
+    def call(x, w2, *rest):  # x (problems, ..., n), w2 (1 or problems, n); rest: [bias2], [residual like x]
         kind = mode("layer_norm" if not is_rms else "rms_norm")
-        batch, rows, n = x3.shape
+        batch, rows, n = x.shape[0], math.prod(x.shape[1:-1]), x.shape[-1]
         if has_bias and rest[0].shape[0] != w2.shape[0]:  # one stride serves both: per-problem for both or neither
             w2, bias2 = (jnp.broadcast_to(p, (batch, n)) for p in (w2, rest[0]))
             rest = (bias2,) + rest[1:]
+        if backend != "triton":  # rms_norm's TileLang / CUDA C++ kernels
+            plan = rms_core.compiled_forward(
+                backend, batch, rows, n, x_dtype=dtype_name(x.dtype), weight_dtype=dtype_name(w2.dtype),
+                has_residual=has_residual, eps=eps, arch=cuda_arch(),
+            )  # fmt: skip
+            outs = run_calls(plan, _rows3(x), w2, *map(_rows3, rest))  # y, [h], rstd
+            return [o.reshape(x.shape if i < 1 + has_residual else x.shape[:-1]) for i, o in enumerate(outs)]
         plan = norms.forward(
-            batch, rows, n, is_rms=is_rms, x_dtype=dtype_name(x3.dtype), weight_dtype=dtype_name(w2.dtype),
+            batch, rows, n, is_rms=is_rms, x_dtype=dtype_name(x.dtype), weight_dtype=dtype_name(w2.dtype),
             has_residual=has_residual, has_bias=has_bias, eps=eps, target=target(kind),
             weight_batched=w2.shape[0] > 1,
         )  # fmt: skip
-        return list(run_plan(plan, kind, x3, w2, *rest))  # y, [h], [mean], rstd
+        outs = run_plan(plan, kind, x, w2, *rest)  # y, [h], [mean], rstd
+        return [o.reshape(x.shape if i < 1 + has_residual else x.shape[:-1]) for i, o in enumerate(outs)]
 
-    return problem_batched(call, shareable=(False, True) + (True,) * has_bias + (False,) * has_residual)
+    # rows are row-local, the width whole (core.sharding); p is the problem axis a vmap folds into
+    ins = ["p ... n", "q n"] + ["q n"] * has_bias + ["p ... n"] * has_residual
+    outs = ["p ... n"] * (1 + has_residual) + ["p ..."] * (1 if is_rms else 2)
+    rule = row_local("rms_norm" if is_rms else "layer_norm", call, ins, outs, ["..."])
+    return problem_batched(rule, shareable=(False, True) + (True,) * has_bias + (False,) * has_residual)
 
 
 @functools.cache
-def _backward_call(is_rms: bool, has_bias: bool, has_dh: bool):
-    def call(dy3, h3, w2, *stats_and_dh):  # [mean2], rstd2, [dh3]
+def _backward_call(is_rms: bool, has_bias: bool, has_dh: bool, backend: str):
+    def call(dy, h, w2, *stats_and_dh):  # [mean], rstd, [dh]
         kind = mode("layer_norm" if not is_rms else "rms_norm")
-        batch, rows, n = h3.shape
+        batch, rows, n = h.shape[0], math.prod(h.shape[1:-1]), h.shape[-1]
+        if backend != "triton":  # rms_norm's TileLang / CUDA C++ kernels; stats_and_dh: rstd, [dh]
+            plan = rms_core.compiled_backward(
+                backend, batch, rows, n, x_dtype=dtype_name(h.dtype), weight_dtype=dtype_name(w2.dtype),
+                has_dh=has_dh, target=target(kind), arch=cuda_arch(),
+            )  # fmt: skip
+            rstd, *dh = stats_and_dh
+            dx, dweight = run_calls(plan, _rows3(dy), _rows3(h), w2, rstd.reshape(batch, rows), *map(_rows3, dh))
+            return [dx.reshape(h.shape), dweight]
         plan = norms.backward(
-            batch, rows, n, is_rms=is_rms, x_dtype=dtype_name(h3.dtype), weight_dtype=dtype_name(w2.dtype),
+            batch, rows, n, is_rms=is_rms, x_dtype=dtype_name(h.dtype), weight_dtype=dtype_name(w2.dtype),
             has_bias=has_bias, has_dh=has_dh, target=target(kind), weight_batched=w2.shape[0] > 1,
         )  # fmt: skip
-        return list(run_plan(plan, kind, dy3, h3, w2, *stats_and_dh))  # dx, dweight, [dbias]
+        dx, *dparams = run_plan(plan, kind, dy, h, w2, *stats_and_dh)  # dx, dweight, [dbias]
+        return [dx.reshape(h.shape), *dparams]
 
     stats = 1 if is_rms else 2
-    return problem_batched(call, shareable=(False, False, True) + (False,) * (stats + has_dh))
+    # dweight / dbias lack the rows: with rows split, each piece's partial sums add up (psum)
+    ins = ["p ... n", "p ... n", "q n"] + ["p ..."] * stats + ["p ... n"] * has_dh
+    rule = row_local("rms_norm" if is_rms else "layer_norm", call, ins, ["p ... n"] + ["p n"] * (1 + has_bias), ["..."])
+    return problem_batched(rule, shareable=(False, False, True) + (False,) * (stats + has_dh))
 
 
-def _forward(x, weight, bias, residual, eps, is_rms):
+def _forward(x, weight, bias, residual, eps, is_rms, backend):
     n = x.shape[-1]
-    args = [as_problem(x), weight.reshape(1, n)]
-    args += ([] if bias is None else [bias.reshape(1, n)]) + ([] if residual is None else [as_problem(residual)])
-    outs = _forward_call(eps, is_rms, bias is not None, residual is not None)(*args)
-    y = outs[0].reshape(x.shape)
-    h = None if residual is None else outs[1].reshape(x.shape)
-    stats = tuple(outs[-1:] if is_rms else outs[-2:])  # (rstd,) or (mean, rstd), each (1, rows)
+    args = [x[None], weight.reshape(1, n)]
+    args += ([] if bias is None else [bias.reshape(1, n)]) + ([] if residual is None else [residual[None]])
+    outs = _forward_call(eps, is_rms, bias is not None, residual is not None, backend)(*args)
+    y = outs[0][0]
+    h = None if residual is None else outs[1][0]
+    stats = tuple(outs[-1:] if is_rms else outs[-2:])  # (rstd,) or (mean, rstd), each (1, ...)
     return (y, h), (x if h is None else h, weight, bias, stats)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _norm(x, weight, bias, residual, eps, is_rms):
-    return _forward(x, weight, bias, residual, eps, is_rms)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _norm(x, weight, bias, residual, eps, is_rms, backend):
+    return _forward(x, weight, bias, residual, eps, is_rms, backend)[0]
 
 
-def _norm_bwd(eps, is_rms, saved, cotangents):
+def _norm_bwd(eps, is_rms, backend, saved, cotangents):
     h, weight, bias, stats = saved
     dy, dh = cotangents
     n = h.shape[-1]
-    extra = [] if dh is None else [as_problem(dh)]
-    call = _backward_call(is_rms, bias is not None, dh is not None)
-    grads = call(as_problem(dy), as_problem(h), weight.reshape(1, n), *stats, *extra)
-    dx = grads[0].reshape(h.shape)
+    extra = [] if dh is None else [dh[None]]
+    call = _backward_call(is_rms, bias is not None, dh is not None, backend)
+    grads = call(dy[None], h[None], weight.reshape(1, n), *stats, *extra)
+    dx = grads[0][0]
     dbias = None if bias is None else grads[2].reshape(bias.shape)
     return dx, grads[1].reshape(weight.shape), dbias, (None if dh is None else dx)
 
@@ -79,10 +113,15 @@ def _norm_bwd(eps, is_rms, saved, cotangents):
 _norm.defvjp(_forward, _norm_bwd)
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float = 1e-6, residual: jax.Array | None = None):
-    """x / sqrt(mean(x^2) + eps) * weight over the last dim; with residual, h = x + residual and returns (y, h)."""
+def rms_norm(
+    x: jax.Array, weight: jax.Array, eps: float = 1e-6, residual: jax.Array | None = None, backend: str | None = None
+):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dim; with residual, h = x + residual and returns (y, h).
+    backend: "triton", "tilelang", "cuda", or None for the default of the device (tile_kernels.core.backends)."""
     rms_core.check(x, weight, residual, eps)
-    y, h = _norm(x, weight, None, residual, float(eps), True)
+    backend = backends.resolve(rms_core.NAME, backend, platform(rms_core.NAME), needs=("jax_tvm_ffi",))
+    x, weight, residual = vary_alike(x, weight, residual)  # in a shard_map: dweight summed over the devices
+    y, h = _norm(x, weight, None, residual, float(eps), True, backend)
     return y if residual is None else (y, h)
 
 
@@ -92,5 +131,6 @@ def layer_norm(
 ):  # fmt: skip
     """Layer norm over the last dim (as F.layer_norm); with residual, h = x + residual and returns (y, h)."""
     layer_core.check(x, weight, bias, eps, residual)
-    y, h = _norm(x, weight, bias, residual, float(eps), False)
+    x, weight, bias, residual = vary_alike(x, weight, bias, residual)  # in a shard_map: dweight summed
+    y, h = _norm(x, weight, bias, residual, float(eps), False, "triton")
     return y if residual is None else (y, h)

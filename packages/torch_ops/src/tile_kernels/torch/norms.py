@@ -1,17 +1,23 @@
 """torch adapter of the norm family (tile_kernels.core.norms): rms_norm and layer_norm, with autograd.
 
 Ops: tile_kernels::rms_norm_fwd / rms_norm_bwd, tile_kernels::layer_norm_fwd / layer_norm_bwd, and the public
-composites tile_kernels::rms_norm / layer_norm."""
+composites tile_kernels::rms_norm / layer_norm. rms_norm has three backends (tile_kernels.core.backends): the _fwd /
+_bwd ops take the resolved backend's name and run the Triton plans, or call the custom ops
+tile_kernels::rms_norm_fwd_compiled / rms_norm_bwd_compiled, which run the TileLang or CUDA C++ kernels (opaque to
+torch.compile, with fake implementations)."""
 
 from __future__ import annotations
 
-import torch
-from torch.library import triton_op
+import math
 
-from tile_kernels.core import dtype_name, norms
+import torch
+from torch.library import custom_op, triton_op
+
+from tile_kernels.core import backends, dtype_name, norms
 from tile_kernels.core import layer_norm as layer_core
 from tile_kernels.core import rms_norm as rms_core
 
+from ._calls import cuda_arch, platform, run_calls
 from ._runtime import as_rows, check_device, register_public_op, run_plan, target
 
 NO_TENSOR = (0,)  # shape of the placeholder returned for an absent output (h without residual, dbias without bias)
@@ -53,45 +59,107 @@ def _backward(dy, h, weight, mean, rstd, dh, has_bias, is_rms):
 # --------------------------------------------------------------------------------------------------------- rms_norm
 
 
+def _compact(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """(1, rows, n) compact view (a copy only when t's rows are strided): the compiled backends' layout."""
+    return None if t is None else t.reshape(1, math.prod(t.shape[:-1]), n).contiguous()
+
+
+@custom_op("tile_kernels::rms_norm_fwd_compiled", mutates_args=())
+def rms_norm_fwd_compiled(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float, backend: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rms_norm_fwd through the TileLang or CUDA C++ kernels."""
+    n = x.shape[-1]
+    x3, r3 = _compact(x, n), _compact(residual, n)
+    plan = rms_core.compiled_forward(
+        backend, 1, x3.shape[1], n, x_dtype=dtype_name(x.dtype), weight_dtype=dtype_name(weight.dtype),
+        has_residual=residual is not None, eps=eps, arch=cuda_arch(x.device),
+    )  # fmt: skip
+    outs = run_calls(plan, *(t for t in (x3, weight.reshape(1, n).contiguous(), r3) if t is not None), device=x.device)
+    h = outs[1].view(x.shape) if residual is not None else x.new_empty(NO_TENSOR)
+    return outs[0].view(x.shape), h, outs[-1].view(x.shape[:-1])
+
+
+@rms_norm_fwd_compiled.register_fake
+def _(x, weight, residual, eps, backend):
+    h = x.new_empty(x.shape if residual is not None else NO_TENSOR)
+    return x.new_empty(x.shape), h, x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@custom_op("tile_kernels::rms_norm_bwd_compiled", mutates_args=())
+def rms_norm_bwd_compiled(
+    dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, dh: torch.Tensor | None, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm_bwd through the TileLang or CUDA C++ kernels."""
+    n = h.shape[-1]
+    h3 = _compact(h, n)
+    plan = rms_core.compiled_backward(
+        backend, 1, h3.shape[1], n, x_dtype=dtype_name(h.dtype), weight_dtype=dtype_name(weight.dtype),
+        has_dh=dh is not None, target=target(h.device), arch=cuda_arch(h.device),
+    )  # fmt: skip
+    inputs = (_compact(dy, n), h3, weight.reshape(1, n).contiguous(), rstd.reshape(1, -1).contiguous())
+    dx, dweight = run_calls(plan, *inputs, *(() if dh is None else (_compact(dh, n),)), device=h.device)
+    return dx.view(h.shape), dweight.view(n)
+
+
+@rms_norm_bwd_compiled.register_fake
+def _(dy, h, weight, rstd, dh, backend):
+    return h.new_empty(h.shape), weight.new_empty(weight.shape)
+
+
 @triton_op("tile_kernels::rms_norm_fwd", mutates_args=())
 def rms_norm_fwd(
-    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float, backend: str = "triton"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (y, h, rstd); h = x + residual, or an empty placeholder when residual is None."""
+    """Returns (y, h, rstd); h = x + residual, or an empty placeholder when residual is None. `backend` is a
+    resolved name (tile_kernels.core.backends.resolve)."""
+    if backend != "triton":
+        return rms_norm_fwd_compiled(x, weight, residual, eps, backend)
     y, h, _, rstd = _forward(x, weight, None, residual, eps, is_rms=True)
     return y, h, rstd
 
 
 @triton_op("tile_kernels::rms_norm_bwd", mutates_args=())
 def rms_norm_bwd(
-    dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, dh: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, dh: torch.Tensor | None,
+    backend: str = "triton",
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Returns (dx, dweight). h is the normalized input (x, or x + residual)."""
+    if backend != "triton":
+        return rms_norm_bwd_compiled(dy, h, weight, rstd, dh, backend)
     dx, dweight, _ = _backward(dy, h, weight, None, rstd, dh, has_bias=False, is_rms=True)
     return dx, dweight
 
 
 def _rms_setup_context(ctx, inputs, output):
-    x, weight, residual, _ = inputs
+    x, weight, residual, _, backend = inputs
     _, h, rstd = output
-    ctx.has_residual = residual is not None
+    ctx.has_residual, ctx.backend = residual is not None, backend
     ctx.save_for_backward(h if ctx.has_residual else x, weight, rstd)
 
 
 def _rms_backward(ctx, dy, dh, _drstd):
     h, weight, rstd = ctx.saved_tensors
-    dx, dweight = rms_norm_bwd(dy, h, weight, rstd, dh if ctx.has_residual and dh is not None else None)
-    return dx, dweight, (dx if ctx.has_residual else None), None
+    dh = dh if ctx.has_residual and dh is not None else None
+    dx, dweight = rms_norm_bwd(dy, h, weight, rstd, dh, ctx.backend)
+    return dx, dweight, (dx if ctx.has_residual else None), None, None
 
 
 rms_norm_fwd.register_autograd(_rms_backward, setup_context=_rms_setup_context)
 
+# resolved while tracing too: torch.compile takes the result as a constant
+_resolve = torch.compiler.assume_constant_result(backends.resolve)
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
-    """x / sqrt(mean(x^2) + eps) * weight over the last dim; with residual, h = x + residual and returns (y, h)."""
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None,
+    backend: str | None = None,
+):  # fmt: skip
+    """x / sqrt(mean(x^2) + eps) * weight over the last dim; with residual, h = x + residual and returns (y, h).
+    backend: "triton", "tilelang", "cuda", or None for the default of the device (tile_kernels.core.backends)."""
     rms_core.check(x, weight, residual, eps)
-    check_device(rms_core.NAME, x=x, weight=weight, residual=residual)
-    y, h, _ = rms_norm_fwd(x, weight, residual, float(eps))
+    device = check_device(rms_core.NAME, x=x, weight=weight, residual=residual)
+    y, h, _ = rms_norm_fwd(x, weight, residual, float(eps), _resolve(rms_core.NAME, backend, platform(device)))
     return y if residual is None else (y, h)
 
 
@@ -144,8 +212,10 @@ def layer_norm(
 
 
 register_public_op(
-    "rms_norm(Tensor x, Tensor weight, float eps=1e-06, Tensor? residual=None) -> Tensor[]",
-    lambda x, weight, eps=1e-6, residual=None: list(_as_tuple(rms_norm(x, weight, eps, residual))),
+    "rms_norm(Tensor x, Tensor weight, float eps=1e-06, Tensor? residual=None, str? backend=None) -> Tensor[]",
+    lambda x, weight, eps=1e-6, residual=None, backend=None: list(
+        _as_tuple(rms_norm(x, weight, eps, residual, backend))
+    ),
 )
 register_public_op(
     "layer_norm(Tensor x, Tensor weight, Tensor? bias=None, float eps=1e-05, Tensor? residual=None) -> Tensor[]",

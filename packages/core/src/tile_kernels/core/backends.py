@@ -1,0 +1,158 @@
+"""Kernel backends: which implementations an op has, which of them can run on a platform, which one runs by default.
+
+    triton    Triton kernels, as launch Plans (plan.py): CUDA, ROCm, and the CPU through Triton's interpreter
+    tilelang  TileLang kernels, compiled on first use by TileLang (nvcc) for the device's architecture
+    cuda      CUDA C++ kernels, compiled on first use by nvcc through TVM-FFI's build helper
+
+TileLang and CUDA C++ kernels have no interpreter: asked for on the CPU they raise, as they do on ROCm (their run-time
+builds here are NVIDIA-only; TileLang's HIP output is lowered ahead of time only, see aot.py). Both are called through
+the TVM-FFI convention: a `Call` runs `function(*reads, *writes, *attrs)` on the caller's stream; torch passes its
+tensors in directly (DLPack), JAX registers the function as an XLA FFI target. A Plan of Calls is built like a Triton
+plan (named buffers, allocated by the executor), so the adapters' wiring (reshapes, autograd, vmap) is the same.
+An unavailable backend is an error, never a silent substitution.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+BACKENDS = ("triton", "tilelang", "cuda")
+PLATFORMS = ("cpu", "cuda", "rocm")  # cpu = Triton's interpreter
+
+# The default backend of an op on a platform: the fastest one measured there. One entry per op and platform; an op or
+# platform without one runs "triton". rms_norm on CUDA: Triton, measured fastest on the H200 (2026-11-29, bf16 with
+# residual, 256x262144 to 32768x4096): forward 1957-4087 GB/s against TileLang's 881-3377 and CUDA C++'s 1719-1958,
+# backward 1198-3559 against 477-1253 and 1112-1602. Re-measure (and change this entry) when those kernels improve.
+DEFAULTS: dict[tuple[str, str], str] = {("rms_norm", "cuda"): "triton"}
+
+# op -> {backend: module that builds its Plans of Calls, imported on first use; None: the op's own Triton plans}
+_IMPLEMENTATIONS: dict[str, dict[str, str | None]] = {}
+
+
+class BackendUnavailable(ValueError):
+    """A backend the op has but that cannot run here (platform or toolchain)."""
+
+
+def register(op: str, implementations: Mapping[str, str | None]) -> None:
+    unknown = set(implementations) - set(BACKENDS)
+    if unknown or "triton" not in implementations:
+        raise ValueError(f"{op}: backends must include 'triton' and be among {BACKENDS}, got {sorted(implementations)}")
+    _IMPLEMENTATIONS[op] = dict(implementations)
+
+
+def backends_of(op: str) -> tuple[str, ...]:
+    """The backends `op` has, in BACKENDS order ("triton" only for an op that registered none)."""
+    implemented = _IMPLEMENTATIONS.get(op, {"triton": None})
+    return tuple(b for b in BACKENDS if b in implemented)
+
+
+def module(op: str, backend: str):
+    """The module that builds `op`'s Plans of Calls for a TileLang or CUDA C++ backend."""
+    return importlib.import_module(_IMPLEMENTATIONS[op][backend])
+
+
+def find_cuda_home() -> str | None:
+    """The CUDA toolkit (bin/nvcc, include/cuda_runtime.h): CUDA_HOME, CUDA_PATH, the one above nvcc on PATH, or
+    /usr/local/cuda (where TileLang and TVM-FFI also look)."""
+    nvcc = shutil.which("nvcc")
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    roots += [os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None, "/usr/local/cuda"]
+    toolkit = ("bin/nvcc", "include/cuda_runtime.h")
+    return next((r for r in roots if r and all(os.path.exists(os.path.join(r, f)) for f in toolkit)), None)
+
+
+def _missing_modules(*names: str) -> list[str]:
+    return [n for n in names if importlib.util.find_spec(n) is None]
+
+
+def missing_toolchain(backend: str, needs: tuple[str, ...] = ()) -> str | None:
+    """Why `backend` cannot build kernels on this machine, or None. `needs`: modules the caller's framework adds
+    (jax_tvm_ffi under JAX)."""
+    if backend == "triton":
+        return None
+    absent = _missing_modules(*(("tilelang", "tvm_ffi") if backend == "tilelang" else ("tvm_ffi",)))
+    if absent:
+        return f"Python package(s) {', '.join(absent)} not installed (pip install tile-kernels[tilelang])"
+    absent = _missing_modules(*needs)
+    if absent:
+        wheels = " ".join(name.replace("_", "-") for name in absent)
+        return f"Python package(s) {', '.join(absent)} not installed (pip install {wheels})"
+    if find_cuda_home() is None:
+        return "no CUDA toolkit found (nvcc and headers under CUDA_HOME, CUDA_PATH, above nvcc or /usr/local/cuda)"
+    if backend == "cuda" and not shutil.which("ninja"):
+        return "ninja not found on PATH (TVM-FFI's build helper runs it)"
+    return None
+
+
+def unavailable(backend: str, platform: str, needs: tuple[str, ...] = ()) -> str | None:
+    """Why `backend` cannot run on `platform` here (a clause that follows the backend's name), or None."""
+    if backend == "triton":
+        return None
+    if platform == "cpu":
+        return (
+            "cannot run on the CPU: TileLang and CUDA C++ kernels have no interpreter (they run on NVIDIA GPUs); "
+            "on the CPU use backend='triton' (Triton's interpreter, TRITON_INTERPRET=1)"
+        )
+    if platform != "cuda":
+        return f"cannot run on a {platform} device: its kernels are built for NVIDIA GPUs only"
+    missing = missing_toolchain(backend, needs)
+    return f"cannot build its kernels here: {missing}" if missing else None
+
+
+def available(op: str, platform: str) -> tuple[str, ...]:
+    return tuple(b for b in backends_of(op) if unavailable(b, platform) is None)
+
+
+def default(op: str, platform: str) -> str:
+    return DEFAULTS.get((op, platform), "triton")
+
+
+def resolve(op: str, backend: str | None, platform: str, needs: tuple[str, ...] = ()) -> str:
+    """The backend that runs `op` on `platform` ('cpu', 'cuda' or 'rocm') when the caller asks for `backend`
+    (None: the default); `needs` names modules the caller's framework adds for the compiled backends. Raises
+    ValueError naming the op, the backend and why it cannot run."""
+    if platform not in PLATFORMS:
+        raise ValueError(f"{op}: platform must be one of {PLATFORMS}, got {platform!r}")
+    if backend is None:
+        backend = default(op, platform)
+    elif not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"{op}: backend must be one of {', '.join(map(repr, BACKENDS))} or None, got {backend!r}")
+    if backend not in backends_of(op):
+        raise ValueError(f"{op}: backend {backend!r} is not implemented; {op} has {', '.join(backends_of(op))}")
+    why = unavailable(backend, platform, needs)
+    if why:
+        raise BackendUnavailable(f"{op}: backend {backend!r} {why}")
+    return backend
+
+
+# ------------------------------------------------------------------------------------------- TVM-FFI compiled calls
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of a compiled TVM-FFI function: load()(*reads, *writes, *attrs.values()) on the current stream.
+
+    `key` names the compiled function uniquely (kernel, variant, architecture): JAX registers it as an FFI target
+    under that name. Reads and writes are buffer names of the Plan the call belongs to; attrs are scalars."""
+
+    key: str
+    load: Callable[[], Any]  # compiles or loads the function on first use (cached by the builder)
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    attrs: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def kernel(self) -> str:  # Plan's checks name a launch's kernel
+        return self.key
+
+
+def sm_name(arch: int) -> str:
+    """TileLang's architecture name for compute capability `arch` (90 for 9.0): the arch-specific 'a' variants on
+    Hopper and Blackwell, which TileLang's nvcc build needs there."""
+    return f"sm_{arch}a" if arch in (90, 100) else f"sm_{arch}"

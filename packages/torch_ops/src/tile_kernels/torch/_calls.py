@@ -1,0 +1,40 @@
+"""Executes core Plans of TVM-FFI Calls (the TileLang and CUDA C++ backends, tile_kernels.core.backends) on torch
+tensors: buffers from torch's allocator (NaN-poisoned under TILE_KERNELS_POISON=1), each compiled function given the
+tensors directly (DLPack, no copies) and run on torch's current stream. torch.compile cannot trace these calls: the
+ops that make them are custom ops with fake implementations."""
+
+from __future__ import annotations
+
+import torch
+
+from tile_kernels.core import Plan
+from tile_kernels.core.host import poisoning
+
+
+def platform(device: torch.device) -> str:
+    """'cpu', 'cuda' or 'rocm': what tile_kernels.core.backends.resolve needs to know about the device."""
+    if device.type == "cpu":
+        return "cpu"
+    return "rocm" if torch.version.hip else "cuda"
+
+
+def cuda_arch(device: torch.device) -> int:
+    """Compute capability as an int (90 for 9.0): the architecture the kernels are compiled for."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def _allocate(shape, dtype_name: str, zeroed: bool, device) -> torch.Tensor:
+    dtype = getattr(torch, dtype_name)
+    if zeroed or not (poisoning() and dtype.is_floating_point):
+        return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=device)
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def run_calls(plan: Plan, *inputs: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Runs plan's Calls with `inputs` (compact tensors) bound to plan.inputs; returns plan.outputs."""
+    bufs = dict(zip(plan.inputs, inputs, strict=True))
+    bufs |= {name: _allocate(s.shape, s.dtype, s.zeroed, device) for name, s in plan.buffers.items()}
+    for call in plan.launches:
+        call.load()(*(bufs[name] for name in call.reads + call.writes), *call.attrs.values())
+    return tuple(bufs[name] for name in plan.outputs)

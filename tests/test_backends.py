@@ -1,0 +1,243 @@
+"""Kernel backends (tile_kernels.core.backends): the registry's choices and errors, what the CPU can check of the
+TileLang and CUDA C++ kernels (TileLang lowering to CUDA and HIP source, an nvcc build), and on a GPU the framework
+guarantees of the compiled backends (torch.compile, opcheck, JAX jit / vmap / grad) beside the Triton kernels. The
+numerics of every backend against the float64 references are in test_ops.py."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+from conftest import DEVICE
+from drivers import DRIVERS
+
+from tile_kernels.core import backends
+from tile_kernels.core import rms_norm as rms_core
+
+COMPILED = ("tilelang", "cuda")
+gpu_only = pytest.mark.skipif(DEVICE != "gpu", reason="runs the compiled kernels")
+
+
+# ------------------------------------------------------------------------------------------------------- registry
+
+
+def test_rms_norm_has_three_backends_and_defaults_to_the_table_entry():
+    assert backends.backends_of("rms_norm") == ("triton", "tilelang", "cuda")
+    assert backends.backends_of("softmax") == ("triton",)
+    for platform in backends.PLATFORMS:
+        assert backends.resolve("rms_norm", None, platform) == backends.DEFAULTS.get(("rms_norm", platform), "triton")
+        assert backends.resolve("rms_norm", "triton", platform) == "triton"
+
+
+@pytest.mark.parametrize(
+    "op, backend, platform, match",
+    [
+        (
+            "rms_norm",
+            "nope",
+            "cuda",
+            "rms_norm: backend must be one of 'triton', 'tilelang', 'cuda' or None, got 'nope'",
+        ),
+        ("rms_norm", 1, "cuda", "backend must be one of .* got 1"),
+        ("softmax", "cuda", "cuda", "softmax: backend 'cuda' is not implemented; softmax has triton"),
+        ("rms_norm", "tilelang", "cpu", "rms_norm: backend 'tilelang' cannot run on the CPU: .* no interpreter"),
+        ("rms_norm", "cuda", "cpu", "rms_norm: backend 'cuda' cannot run on the CPU: .*backend='triton'"),
+        ("rms_norm", "cuda", "rocm", "rms_norm: backend 'cuda' cannot run on a rocm device: .*NVIDIA GPUs only"),
+    ],
+)
+def test_unavailable_backends_raise_naming_op_backend_and_reason(op, backend, platform, match):
+    with pytest.raises(ValueError, match=match):
+        backends.resolve(op, backend, platform)
+
+
+def test_a_missing_toolchain_is_named(monkeypatch):
+    monkeypatch.setattr(backends, "find_cuda_home", lambda: None)
+    monkeypatch.setattr(backends, "_missing_modules", lambda *names: [])
+    with pytest.raises(backends.BackendUnavailable, match="backend 'cuda' cannot build its kernels here: no CUDA"):
+        backends.resolve("rms_norm", "cuda", "cuda")
+    monkeypatch.setattr(backends, "_missing_modules", lambda *names: list(names))
+    with pytest.raises(backends.BackendUnavailable, match="tilelang, tvm_ffi not installed"):
+        backends.resolve("rms_norm", "tilelang", "cuda")
+    monkeypatch.setattr(backends, "find_cuda_home", lambda: "/opt/cuda")
+    monkeypatch.setattr(backends, "_missing_modules", lambda *names: [n for n in names if n == "jax_tvm_ffi"])
+    assert backends.resolve("rms_norm", "tilelang", "cuda") == "tilelang"
+    with pytest.raises(backends.BackendUnavailable, match=r"jax_tvm_ffi not installed \(pip install jax-tvm-ffi\)"):
+        backends.resolve("rms_norm", "tilelang", "cuda", needs=("jax_tvm_ffi",))  # as the JAX adapter asks
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU error path")
+@pytest.mark.parametrize("framework", sorted(DRIVERS))
+@pytest.mark.parametrize("backend", COMPILED)
+def test_compiled_backends_raise_a_clear_error_on_cpu(framework, backend):
+    driver = DRIVERS[framework]("cpu")
+    kwargs = rms_core.INFO.sample(np.random.default_rng(0), (3, 8), "float32")
+    with pytest.raises(ValueError, match=f"rms_norm: backend '{backend}' cannot run on the CPU"):
+        driver.call("rms_norm", {**kwargs, "backend": backend})
+
+
+def test_compiled_plans_match_the_triton_plans_buffers():
+    """Same inputs and outputs as the Triton plans, so that the adapters wire them alike; empty problems launch
+    nothing and zero their outputs."""
+    from tile_kernels.core import Target, norms
+
+    kw = dict(x_dtype="bfloat16", weight_dtype="float32")
+    for backend in COMPILED:
+        for fused in (False, True):
+            for rows in (0, 5):
+                fwd = rms_core.compiled_forward(backend, 2, rows, 7, has_residual=fused, eps=1e-6, arch=90, **kw)
+                ref = norms.forward(2, rows, 7, is_rms=True, has_residual=fused, has_bias=False, eps=1e-6,
+                                    target=Target(), **kw)  # fmt: skip
+                assert dict(fwd.inputs) == dict(ref.inputs) and fwd.outputs == ref.outputs
+                assert all(fwd.buffers[o] == ref.buffers[o] for o in fwd.outputs)
+                bwd = rms_core.compiled_backward(backend, 2, rows, 7, has_dh=fused, target=Target(), arch=90, **kw)
+                ref = norms.backward(2, rows, 7, is_rms=True, has_bias=False, has_dh=fused, target=Target(), **kw)
+                assert dict(bwd.inputs) == dict(ref.inputs) and bwd.outputs == ref.outputs
+                assert all(bwd.buffers[o] == ref.buffers[o] for o in bwd.outputs)
+                assert (len(fwd.launches) == 0) == (rows == 0) == (len(bwd.launches) == 0)
+
+
+# ------------------------------------------------------------------------------------ what the CPU can build
+
+
+needs_tilelang = pytest.mark.skipif(importlib.util.find_spec("tilelang") is None, reason="tilelang not installed")
+
+
+@needs_tilelang
+@pytest.mark.parametrize("kernel", ["rms_norm_fwd", "rms_norm_fwd_residual", "rms_norm_bwd", "rms_norm_bwd_dh",
+                                    "rms_norm_colsum"])  # fmt: skip
+def test_tilelang_kernels_lower_to_cuda_and_hip_source(kernel):
+    from tile_kernels.core import rms_norm_tilelang as tl_kernels
+
+    cuda = tl_kernels.lower(kernel, "bfloat16", "float32", tl_kernels.target(90)).kernel_source
+    assert f"{kernel}_kernel" in cuda and "__global__" in cuda
+    hip = tl_kernels.lower(kernel, "float16", "float16", {"kind": "hip", "mcpu": "gfx942"}).kernel_source
+    assert "hip_runtime" in hip and f"{kernel}_kernel" in hip
+
+
+@pytest.mark.skipif(backends.missing_toolchain("cuda") is not None, reason="no CUDA toolkit / tvm_ffi / ninja")
+def test_cuda_kernels_build_for_sm90_without_a_gpu(tmp_path):
+    from tile_kernels.core import rms_norm_cuda
+
+    module = rms_norm_cuda.build("bfloat16", "float32", 90, build_directory=str(tmp_path))
+    for name in rms_norm_cuda.FUNCTIONS:
+        assert callable(getattr(module, name))
+    assert any(p.suffix == ".so" for p in tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------------------- on a GPU: torch
+
+
+def _torch_inputs(shape=(4, 33, 1000), dtype="bfloat16", weight_dtype="float32", seed=0):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(shape, device="cuda", generator=gen).to(getattr(torch, dtype))
+    r = torch.randn(shape, device="cuda", generator=gen).to(getattr(torch, dtype))
+    w = torch.randn(shape[-1], device="cuda", generator=gen).to(getattr(torch, weight_dtype))
+    return x, w, r
+
+
+@gpu_only
+@pytest.mark.parametrize("backend", COMPILED)
+def test_torch_compiled_backend_matches_triton_with_mixed_dtypes_and_strided_rows(backend):
+    """bf16 activations with an fp32 weight (a mixed-precision model), rows with a padded stride, and the gradients:
+    the same numbers as the Triton kernels up to fp32 summation order."""
+    import torch
+
+    import tile_kernels.torch as tk
+
+    x, w, r = _torch_inputs()
+    padded = torch.cat([x, x[..., :5]], dim=-1)
+    outs = {}
+    for b in ("triton", backend):
+        xs, ws, rs = (t.detach().clone().requires_grad_() for t in (padded, w, r))
+        y, h = tk.rms_norm(xs[..., :1000], ws, 1e-5, residual=rs, backend=b)  # rows of stride 1005
+        (y.float() * torch.linspace(-1, 1, 1000, device="cuda")).sum().backward(retain_graph=True)
+        (h.float().square().sum() * 1e-3).backward()
+        outs[b] = (y, h, xs.grad[..., :1000], ws.grad, rs.grad)
+    for name, got, want in zip(("y", "h", "dx", "dweight", "dresidual"), outs[backend], outs["triton"]):
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=name)
+
+
+@gpu_only
+@pytest.mark.parametrize("backend", COMPILED)
+def test_torch_compile_fullgraph_with_a_compiled_backend(backend):
+    import torch
+
+    import tile_kernels.torch as tk
+
+    x, w, r = (t.float().requires_grad_() for t in _torch_inputs((2, 64, 256)))
+
+    def block(x, w, r):
+        y, h = tk.rms_norm(x, w, 1e-6, residual=r, backend=backend)
+        return torch.softmax(y @ y.transpose(-1, -2), -1), h
+
+    torch._dynamo.reset()
+    got, want = torch.compile(block, fullgraph=True)(x, w, r), block(x, w, r)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    grads = torch.autograd.grad(sum(t.sum() for t in got), (x, w, r))
+    for a, b in zip(grads, torch.autograd.grad(sum(t.sum() for t in want), (x, w, r))):
+        torch.testing.assert_close(a, b)
+
+
+@gpu_only
+@pytest.mark.parametrize("backend", COMPILED)
+def test_torch_opcheck_with_a_compiled_backend(backend):
+    import torch
+
+    import tile_kernels.torch  # noqa: F401  (registers the ops)
+
+    x, w, r = (t.float().requires_grad_() for t in _torch_inputs((5, 3, 48)))
+    rstd = torch.rsqrt(x.detach().pow(2).mean(-1) + 1e-6)
+    ops = torch.ops.tile_kernels
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    for op, args in [
+        (ops.rms_norm_fwd.default, (x, w, r, 1e-6, backend)),
+        (ops.rms_norm_fwd.default, (x, w, None, 1e-5, backend)),
+        (ops.rms_norm_bwd.default, (torch.randn_like(x), x.detach(), w.detach(), rstd, None, backend)),
+        (ops.rms_norm_fwd_compiled.default, (x.detach(), w.detach(), r.detach(), 1e-6, backend)),
+        (ops.rms_norm.default, (x, w, 1e-6, r, backend)),
+    ]:
+        result = torch.library.opcheck(op, args, test_utils=utils)
+        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+
+
+# --------------------------------------------------------------------------------------------- on a GPU: JAX
+
+
+@gpu_only
+@pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
+@pytest.mark.parametrize("backend", COMPILED)
+def test_jax_jit_vmap_grad_with_a_compiled_backend(backend):
+    """One FFI call per kernel under vmap (per-example weights folded into the launch), the same values as the
+    Triton kernels under jit, and grad through custom_vjp."""
+    import jax
+    import jax.numpy as jnp
+
+    import tile_kernels.jax as tk
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(keys[0], (5, 7, 300), jnp.float32)
+    r = jax.random.normal(keys[1], (5, 7, 300), jnp.float32)
+    w = jax.random.normal(keys[2], (5, 300), jnp.float32)
+
+    def f(x, w, r, b):
+        return tk.rms_norm(x, w, 1e-6, residual=r, backend=b)
+
+    batched = jax.vmap(lambda x, w, r: f(x, w, r, backend))
+    assert str(jax.make_jaxpr(batched)(x, w, r)).count("ffi_call[") == 1
+    got = jax.jit(batched)(x, w, r)
+    want = jax.vmap(lambda x, w, r: f(x, w, r, "triton"))(x, w, r)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+    def loss(x, w, b):
+        y, h = f(x, w, r[0], b)
+        return jnp.sum(y * jnp.arange(300.0)) + jnp.sum(h**2)
+
+    for a, b in zip(jax.jit(jax.grad(loss, (0, 1)), static_argnums=2)(x[0], w[0], backend),
+                    jax.grad(loss, (0, 1))(x[0], w[0], "triton")):  # fmt: skip
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
