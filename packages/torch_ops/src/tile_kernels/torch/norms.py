@@ -97,7 +97,7 @@ def rms_norm_bwd_compiled(
         backend, 1, h3.shape[1], n, x_dtype=dtype_name(h.dtype), weight_dtype=dtype_name(weight.dtype),
         has_dh=dh is not None, target=target(h.device), arch=cuda_arch(h.device),
     )  # fmt: skip
-    inputs = (_compact(dy, n), h3, weight.reshape(1, n).contiguous(), rstd.reshape(1, -1).contiguous())
+    inputs = (_compact(dy, n), h3, weight.reshape(1, n).contiguous(), rstd.reshape(1, h3.shape[1]).contiguous())
     dx, dweight = run_calls(plan, *inputs, *(() if dh is None else (_compact(dh, n),)), device=h.device)
     return dx.view(h.shape), dweight.view(n)
 
