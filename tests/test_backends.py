@@ -128,6 +128,25 @@ def test_cuda_kernels_build_for_sm90_without_a_gpu(tmp_path):
 # ------------------------------------------------------------------------------------------- on a GPU: torch
 
 
+@pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
+@pytest.mark.parametrize("backend", backends.BACKENDS)
+def test_torch_strided_weight(backend):
+    """A weight that is a strided view (every other element of a buffer) is read by its strides on every backend."""
+    import torch
+
+    import tile_kernels.torch as tk
+
+    if backend != "triton" and DEVICE != "gpu":
+        pytest.skip("runs the compiled kernels")
+    dev = "cuda" if DEVICE == "gpu" else "cpu"
+    x, w = torch.randn(3, 40, device=dev), torch.randn(80, device=dev, requires_grad=True)
+    y = tk.rms_norm(x, w[::2], backend=backend)
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w[::2]
+    torch.testing.assert_close(y, want)
+    (dw,) = torch.autograd.grad(y.sum(), w)
+    torch.testing.assert_close(dw, torch.autograd.grad(want.sum(), w)[0])
+
+
 def _torch_inputs(shape=(4, 33, 1000), dtype="bfloat16", weight_dtype="float32", seed=0):
     import torch
 

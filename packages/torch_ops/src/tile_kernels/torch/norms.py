@@ -26,6 +26,7 @@ NO_TENSOR = (0,)  # shape of the placeholder returned for an absent output (h wi
 def _forward(x, weight, bias, residual, eps, is_rms):
     """(y, h or placeholder, mean or None, rstd)."""
     n = x.shape[-1]
+    weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()  # the kernels read unit strides
     x2, stride_x = as_rows(x, n)
     r2, stride_r = as_rows(residual, n) if residual is not None else (None, None)
     plan = norms.forward(
@@ -42,6 +43,7 @@ def _forward(x, weight, bias, residual, eps, is_rms):
 def _backward(dy, h, weight, mean, rstd, dh, has_bias, is_rms):
     """(dx, dweight, dbias or placeholder); dx is also the residual's gradient."""
     n = h.shape[-1]
+    weight = weight.contiguous()
     (dy2, stride_dy), (h2, stride_h) = as_rows(dy, n), as_rows(h, n)
     dh2, stride_dh = as_rows(dh, n) if dh is not None else (None, None)
     plan = norms.backward(
