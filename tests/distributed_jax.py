@@ -11,7 +11,9 @@ each case of sharding_cases.py it checks, against the float64 references:
              factor the rule keeps whole;
   auto       jit on NamedSharding inputs of an Auto mesh (custom_partitioning): the compiled program gathers nothing
              and its outputs keep the sharding; on a GPU it also runs and matches. Interpret mode cannot run it (see
-             tile_kernels/jax/_sharding.py), so on a CPU it is compiled only, and a plain run is checked once per op.
+             tile_kernels/jax/_sharding.py), so on a CPU it is compiled only, and a plain run is checked once per op;
+  vmap       (once per op) jax.vmap over a leading axis split over the devices, both ways above: the vmapped axis
+             folds into the calls' problem axis and stays split; values and gradients per example.
 Prints one JSON line per check: {"op", "case", "check", "ok", "error"}. Arguments: op names (default: all).
 """
 
@@ -265,7 +267,7 @@ def main(ops: list[str]) -> None:
             checks.append(("auto", lambda c=case, first=index == 0: check_auto(c, first)))
             if not case.whole:
                 checks.insert(0, ("shard_map", lambda c=case: check_shard_map(c)))
-            if index == 0:
+            if index == 0 and op not in sc.SEQUENTIAL_VMAP:
                 checks.append(("vmap", lambda c=case: check_vmap(c)))
             for name, fn in checks:
                 try:

@@ -17,6 +17,9 @@ from test_ops import assert_close
 from tile_kernels.core import REGISTRY
 from tile_kernels.core import sharding as rules
 
+# ops whose JAX adapter runs vmapped problems one after another (lax.map: GEMM-bound problems gain nothing from one
+# launch): lax.map needs the vmapped axis whole, so vmap over a sharded axis is not distributed for them
+SEQUENTIAL_VMAP = {"fused_linear_cross_entropy"}
 SHAPES = {"apply_rotary": (4, 8, 4, 16), "cross_entropy": (16, 40), "fused_linear_cross_entropy": (16, 40)}
 SHAPE = (4, 8, 24)
 

@@ -17,6 +17,7 @@ import sys
 import pytest
 from conftest import DEVICE
 from drivers import DRIVERS
+from sharding_cases import SEQUENTIAL_VMAP
 from subprocesses import ROOTS
 
 from tile_kernels.core import REGISTRY, sharding
@@ -105,8 +106,9 @@ def test_every_op_has_a_row_local_rule(op):
 @pytest.mark.xdist_group("jax-distributed")
 @pytest.mark.parametrize("op", OPS)
 def test_jax_sharded(jax_results, op):
-    """shard_map over 4 devices (2x2 for two split factors), sharding in types and jit with NamedSharding."""
-    _assert_passed(jax_results, op, {"shard_map", "explicit", "auto"})
+    """shard_map over 4 devices (2x2 for two split factors), sharding in types, jit with NamedSharding, and vmap over
+    a sharded axis."""
+    _assert_passed(jax_results, op, {"shard_map", "explicit", "auto"} | (set() if op in SEQUENTIAL_VMAP else {"vmap"}))
 
 
 @pytest.mark.xdist_group("torch-distributed")

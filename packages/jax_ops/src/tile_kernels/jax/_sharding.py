@@ -236,7 +236,9 @@ def row_local(
     def wrapped(*arrays):
         shapes = {i: a.shape for i, a in enumerate(arrays)}
         lead = sharding.lead_count(dict(enumerate(ins)), shapes)
-        in_dims = tuple(_problems(sharding.dims(s, a.ndim), a.shape, arrays[0].shape[0]) for s, a in zip(ins, arrays))
+        in_dims = tuple(sharding.dims(s, a.ndim) for s, a in zip(ins, arrays, strict=True))
+        problems = next((a.shape[0] for d, a in zip(in_dims, arrays) if d[:1] == (PROBLEMS,)), 0)
+        in_dims = tuple(_problems(d, a.shape, problems) for d, a in zip(in_dims, arrays))
         sizes = {f: n for factors, a in zip(in_dims, arrays) for f, n in zip(factors, a.shape)}
         allowed = frozenset(sharding.split_factors(tuple(split) + (PROBLEMS,), sizes))
         layout = _Layout(in_dims, tuple(sharding.output_dims(s, lead) for s in outs), sizes, allowed)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from tile_kernels.core import dtype_name
 from tile_kernels.core import fused_linear_cross_entropy as core
 
 from ._runtime import mode, run_plan, target
+from ._sharding import psum, row_local, vary_alike
 
 
 def _settings(kind, hidden, labels, ignore_index, chunk_size):
@@ -23,22 +25,41 @@ def _settings(kind, hidden, labels, ignore_index, chunk_size):
 def _forward_call(ignore_index: int, reduction: str, chunk_size: int | None, grads: bool):
     """(loss, lse, count, dhidden, dweight) as the core forward plan returns them."""
 
-    @jax.custom_batching.sequential_vmap
-    def call(hidden, weight, labels):
+    def call(hidden, weight, labels, reduction=reduction):
         kind = mode(core.NAME)
         (rows, dim), classes = hidden.shape, weight.shape[0]
         plan = core.forward(rows, classes, dim, reduction=reduction, grad_hidden=grads, grad_weight=grads,
                             **_settings(kind, hidden, labels, ignore_index, chunk_size))  # fmt: skip
         return list(run_plan(plan, kind, hidden, weight, labels))
 
-    return call
+    def sharded_mean(call, split):
+        """Rows split: the mean is the summed loss over the summed count (the count goes on to the backward's
+        scaling); the unscaled gradients are those of a sum, dweight's summed over the pieces."""
+        axes = split.get("r")
+        if not axes:
+            return None
+
+        def body(hidden, weight, labels):
+            loss, lse, count, dhidden, dweight = call(hidden, weight, labels, reduction="sum")
+            count = psum(count, axes)
+            loss = (psum(loss.astype(jnp.float32), axes) / count).astype(loss.dtype)
+            return [loss, lse, count, dhidden, psum(dweight, axes) if grads else dweight]
+
+        return body
+
+    # rows are row-local, weight and width whole (core.sharding); c: the one element of a reduced loss and the count;
+    # z: the empty rows of the gradients' placeholders when they are not computed
+    grad_specs = ["r k", "v k"] if grads else ["z k", "z k"]
+    outs = ["c" if reduction != "none" else "r", "r", "c", *grad_specs]
+    rule = row_local(core.NAME, call, ["r k", "v k", "r"], outs, ["r"],
+                     sharded_body=sharded_mean if reduction == "mean" else None)  # fmt: skip
+    return jax.custom_batching.sequential_vmap(rule)
 
 
 @functools.cache
 def _backward_call(ignore_index: int, chunk_size: int | None):
     """Reduction 'none': (dhidden, dweight) from dloss (N,)."""
 
-    @jax.custom_batching.sequential_vmap
     def call(dloss, hidden, weight, labels, lse):
         kind = mode(core.NAME)
         (rows, dim), classes = hidden.shape, weight.shape[0]
@@ -46,21 +67,34 @@ def _backward_call(ignore_index: int, chunk_size: int | None):
                              **_settings(kind, hidden, labels, ignore_index, chunk_size))  # fmt: skip
         return list(run_plan(plan, kind, dloss, hidden, weight, labels, lse))
 
-    return call
+    # row-local; dweight lacks the rows: the pieces' partial sums add up
+    rule = row_local(core.NAME, call, ["r", "r k", "v k", "r", "r"], ["r k", "v k"], ["r"])
+    return jax.custom_batching.sequential_vmap(rule)
 
 
 @functools.cache
 def _scale_call(reduction: str):
     """Reduction sum/mean: the forward's gradients times dloss (or dloss / count)."""
 
-    @jax.custom_batching.sequential_vmap
     def call(dloss, count, dhidden, dweight):
         kind = mode(core.NAME)
         plan = core.scale_gradients(dhidden.size, dweight.size, dtype=dtype_name(dhidden.dtype), reduction=reduction,
                                     target=target(kind))  # fmt: skip
         return list(run_plan(plan, kind, dloss.reshape(1), count, dhidden, dweight))
 
-    return call
+    def sharded(call, split):
+        """Rows split: dhidden scales by rows; dweight, whole (the forward summed it), in a call of its own, so that
+        it stays the same on every device (one call would make it vary with dhidden)."""
+
+        def body(dloss, count, dhidden, dweight):
+            empty = jnp.zeros((0, dhidden.shape[1]), dhidden.dtype)
+            return [call(dloss, count, dhidden, empty)[0], call(dloss, count, empty, dweight)[1]]
+
+        return body
+
+    # elementwise: nothing to combine
+    rule = row_local(core.NAME, call, ["", "c", "r k", "v k"], ["r k", "v k"], ["r"], sharded_body=sharded)
+    return jax.custom_batching.sequential_vmap(rule)
 
 
 def _loss(loss, reduction):
@@ -99,4 +133,5 @@ def fused_linear_cross_entropy(
     targets (N,), chunk_size rows at a time (None: chosen for the shapes) so that the (N, V) logits never exist."""
     core.check(hidden, weight, target, ignore_index, reduction, chunk_size)
     chunk = None if chunk_size is None else int(chunk_size)
+    hidden, weight = vary_alike(hidden, weight)  # in a shard_map: dweight summed over the devices
     return _fused(hidden, weight, target, int(ignore_index), reduction, chunk)

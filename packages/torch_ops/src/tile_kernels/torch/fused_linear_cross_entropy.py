@@ -13,6 +13,7 @@ from torch.library import triton_op
 from tile_kernels.core import dtype_name
 from tile_kernels.core import fused_linear_cross_entropy as core
 
+from ._distributed import is_dtensor, replicated
 from ._runtime import check_device, register_public_op, run_plan
 from ._runtime import target as device_target
 
@@ -103,9 +104,12 @@ def fused_linear_cross_entropy(
     check_device(core.NAME, hidden=hidden, weight=weight, target=target)
     grad = torch.is_grad_enabled()
     chunk = None if chunk_size is None else int(chunk_size)
-    outs = fused_linear_cross_entropy_fwd(hidden, weight, target, int(ignore_index), reduction, chunk,
-                                          grad and hidden.requires_grad, grad and weight.requires_grad)  # fmt: skip
-    return outs[0]
+    wants = (grad and hidden.requires_grad, grad and weight.requires_grad)
+    if reduction == "mean" and is_dtensor(hidden):  # rows may be split: the summed loss over the summed count
+        loss, _, count, _, _ = fused_linear_cross_entropy_fwd(hidden, weight, target, int(ignore_index), "sum", chunk,
+                                                              *wants)  # fmt: skip
+        return (loss.float() / replicated(count.detach().view(()))).to(hidden.dtype)  # one all-reduce (the count)
+    return fused_linear_cross_entropy_fwd(hidden, weight, target, int(ignore_index), reduction, chunk, *wants)[0]
 
 
 register_public_op(
