@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import functools
 import json
 import math
 import os
@@ -28,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from . import backends
 from .registry import REGISTRY, Cost
 
 WIDTHS = (256, 1024, 4096, 16384, 65536, 262144)
@@ -103,6 +105,15 @@ class Meta:
     ceilings: Ceilings
     command: str
     extra: dict = field(default_factory=dict)
+
+
+def other_backends(op: str, fn, platform: str) -> dict:
+    """{"tile-kernels[<backend>]": fn with backend=<backend>} for the op's backends other than the default (which
+    runs as plain "tile-kernels"): an unavailable one fails when called and is reported with the reason."""
+    if fn is None or len(backends.backends_of(op)) < 2:
+        return {}
+    default = backends.default(op, platform)
+    return {f"tile-kernels[{b}]": functools.partial(fn, backend=b) for b in backends.backends_of(op) if b != default}
 
 
 def cases(ops, widths, dtypes, elements: int, seed: int = 0) -> Iterator[Case]:

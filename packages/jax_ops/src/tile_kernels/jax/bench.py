@@ -18,7 +18,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tile_kernels.jax as tkj  # noqa: E402
-from tile_kernels.core.bench import Case, Ceilings, Timing  # noqa: E402
+from tile_kernels.core.bench import Case, Ceilings, Timing, other_backends  # noqa: E402
 from tile_kernels.core.registry import REGISTRY  # noqa: E402
 
 # ------------------------------------------------------------------------------ the ops as a JAX user writes them
@@ -153,7 +153,9 @@ class Provider:
         return Ceilings(copy_gbs=gbs, gemm_tflops=tflops)
 
     def implementations(self, op: str) -> dict:
-        return {"tile-kernels (jax)": getattr(tkj, op, None), "jax.jit": REFERENCE.get(op), "pallas": _pallas(op)}
+        ours = getattr(tkj, op, None)
+        impls = {"tile-kernels (jax)": ours} | {f"{k} (jax)": f for k, f in other_backends(op, ours, "cuda").items()}
+        return impls | {"jax.jit": REFERENCE.get(op), "pallas": _pallas(op)}
 
     def measure(self, case: Case, only=None) -> list[Timing]:
         arrays = {k: jnp.asarray(v) for k, v in case.kwargs.items() if isinstance(v, (np.ndarray, np.generic))}

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import tile_kernels.torch as tk
-from tile_kernels.core.bench import Case, Ceilings, Timing
+from tile_kernels.core.bench import Case, Ceilings, Timing, other_backends
 from tile_kernels.core.registry import REGISTRY
 
 # compiled backwards are replayed with retain_graph; one code object is compiled for every shape of the sweep
@@ -152,7 +152,8 @@ class Provider:
         return Ceilings(copy_gbs=copy, gemm_tflops=gemm)
 
     def implementations(self, op: str) -> dict:
-        impls = {"tile-kernels": getattr(tk, op, None), "torch eager": EAGER.get(op)}
+        impls = {"tile-kernels": getattr(tk, op, None)} | other_backends(op, getattr(tk, op, None), "cuda")
+        impls["torch eager"] = EAGER.get(op)
         if op in EAGER:
             impls["torch.compile"] = torch.compile(EAGER[op], dynamic=False)
         impls["liger"] = _liger(op)
