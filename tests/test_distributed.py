@@ -111,6 +111,48 @@ def test_jax_sharded(jax_results, op):
     _assert_passed(jax_results, op, {"shard_map", "explicit", "auto"} | (set() if op in SEQUENTIAL_VMAP else {"vmap"}))
 
 
+@pytest.mark.skipif("jax" not in DRIVERS or DEVICE != "cpu", reason="jax not installed, or a GPU runs this path anyway")
+@pytest.mark.parametrize("op", OPS)
+def test_jax_partitioned_calls_on_one_device_match(op):
+    """On a GPU every JAX kernel call is wrapped in custom_partitioning; on one device that lowers to the call itself.
+    Interpret mode can run that form on one device: jit, eager and gradients match the plain calls exactly."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import tile_kernels.jax as tk
+    from tile_kernels.jax import _sharding
+
+    info = REGISTRY[op]
+    kwargs = info.sample(np.random.default_rng(0), (3, 5, 16), "float32", **{k: v[-1] for k, v in info.options.items()})
+    names = [k for k, v in kwargs.items() if isinstance(v, np.ndarray)]
+    diff = [k for k in info.grad_args if kwargs.get(k) is not None]
+
+    def objective(*d):
+        arrays = {**{k: jnp.asarray(kwargs[k]) for k in names}, **dict(zip(diff, d))}
+        outs = getattr(tk, op)(**{**kwargs, **arrays})
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return sum(jnp.sum(o.astype(jnp.float32) * (i + 1.5)) for i, o in enumerate(outs))
+
+    def run(partitioned: bool):
+        jax.clear_caches()  # traces depend on the switch below
+        args = [jnp.asarray(kwargs[k]) for k in diff]
+        jaxpr = str(jax.make_jaxpr(jax.value_and_grad(objective, argnums=tuple(range(len(diff)))))(*args))
+        assert ("custom_partitioning" in jaxpr) == partitioned
+        value, grads = jax.jit(jax.value_and_grad(objective, argnums=tuple(range(len(diff)))))(*args)
+        return [value, objective(*args), *grads]
+
+    plain = run(False)
+    _sharding.PARTITION_IN_INTERPRET_MODE = True
+    try:
+        partitioned = run(True)
+    finally:
+        _sharding.PARTITION_IN_INTERPRET_MODE = False
+        jax.clear_caches()
+    for a, b in zip(plain, partitioned):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.xdist_group("torch-distributed")
 @pytest.mark.parametrize("op", OPS)
 def test_torch_dtensor(torch_results, op):
