@@ -32,6 +32,8 @@ from jax.sharding import PartitionSpec as P
 
 from tile_kernels.core import sharding
 
+from ._runtime import mode
+
 PARTITION_IN_INTERPRET_MODE = False  # tests only: compiling works, running would crash (see above)
 
 
@@ -226,11 +228,8 @@ def row_local(
     sharded_body: Callable | None = None,
 ) -> Callable:  # fmt: skip
     """`call` with the row-local rule (factor specs of its inputs and outputs, the factors that may split) applied
-    to sharded arrays, as the module docstring describes. Every call's first array leads with the problem axis p
-    (problems are independent: it may always split); a shareable argument leads with q (one entry, or one per
-    problem)."""
-    from ._runtime import mode
-
+    to sharded arrays, as the module docstring describes. Factor p is the problem axis a vmap folds into (problems
+    are independent: it may always split); q leads a shareable argument (one entry, or one per problem)."""
     call = _varying(call)
 
     def wrapped(*arrays):
