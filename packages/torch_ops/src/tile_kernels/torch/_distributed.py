@@ -5,8 +5,9 @@ replicated, and for every factor that may split, that factor sharded (Shard of i
 carries it, inputs that lack it replicated, and outputs that lack it `Partial` (the local results are partial sums:
 a norm's dweight, a summed loss). DTensor picks the strategy that needs no redistribution when the inputs are sharded
 along a row-local dim, and redistributes (visibly, by its own rules) otherwise. A mean over rows has no such strategy
-(an average of local means is wrong once pieces count different rows): the public `cross_entropy` computes it from the
-summed loss and the summed count when given DTensors.
+(an average of local means is wrong once pieces count different rows): the public `cross_entropy` and
+`fused_linear_cross_entropy` compute it from the summed loss and the summed count when given DTensors (one all-reduce
+of the count).
 
 FSDP2 needs nothing from here: it gathers parameters into plain tensors before the forward and scatters the gradients
 after the backward, so the ops see local tensors. Nothing is registered where torch.distributed is absent.
