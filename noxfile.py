@@ -61,7 +61,8 @@ def _gpu_setup(session, vendor: str) -> dict:
 
 def _gpu_tests(session, vendor: str):
     env = _gpu_setup(session, vendor)
-    workers = ["-n", env["TILE_KERNELS_NUM_GPUS"]]  # one pytest-xdist worker per GPU (conftest pins them)
+    # one pytest-xdist worker per GPU (conftest pins them); loadgroup keeps multi-process tests on one worker
+    workers = ["-n", env["TILE_KERNELS_NUM_GPUS"], "--dist", "loadgroup"]
     profile = os.environ.get("HYPOTHESIS_PROFILE", "gpu")  # ci: fewer examples, for a time-boxed machine
     session.run("python3", "-m", "pytest", *workers, *session.posargs, env={**env, "HYPOTHESIS_PROFILE": profile})
 
