@@ -41,14 +41,18 @@ OPTIONS = {
     "softmax": {"last_dim": True},
     "cross_entropy": {"reduction": "mean", "label_smoothing": 0.0, "ignore": True},
     "apply_rotary": {"interleaved": False, "fp32_tables": True},
+    "fused_linear_cross_entropy": {"reduction": "mean", "dim": 4096},
 }
 
 
 def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
     """The shapes an op is benchmarked at: rows x width with rows x width = elements, except where the op's shape is
-    not a row width (rotary: (B, S, H, head_dim) of Llama-like heads)."""
+    not a row width (rotary: (B, S, H, head_dim) of Llama-like heads; the LM head's loss: (tokens, vocabulary) with
+    hidden size 4096, Llama-3's 128K vocabulary)."""
     if op == "apply_rotary":
         return [(4, max(1, elements // (4 * 32 * d)), 32, d) for d in (64, 128)]
+    if op == "fused_linear_cross_entropy":
+        return [(max(1, elements // (1 << 13)), 128256)]  # 8192 tokens at the default size
     return [(max(1, elements // w), w) for w in widths]
 
 
@@ -300,14 +304,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--framework", action="append", choices=("torch", "jax"), help="providers (default both)")
     p.add_argument("--impl", action="append", help="only implementations whose name contains this (repeatable)")
     p.add_argument("--out", help="directory for results.json/.csv/.md and <op>.png")
-    p.add_argument("--render", metavar="JSON", help="re-render the tables and plots of a results.json (no GPU)")
+    p.add_argument("--render", metavar="JSON", action="append",
+                   help="re-render the tables and plots of results.json files (repeatable, merged)")  # fmt: skip
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.render:
-        meta, recs = load(args.render)
+        meta, recs = load(args.render[0])
+        for path in args.render[1:]:
+            more = load(path)
+            meta.command += f"; {more[0].command}"
+            recs += more[1]
         if args.out:
             write(args.out, meta, recs)
         print(markdown(meta, recs))

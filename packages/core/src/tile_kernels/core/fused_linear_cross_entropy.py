@@ -248,14 +248,14 @@ DIMS = (1, 8, 19, 32)  # hidden sizes drawn by `sample`: small, so that the inte
 FLOAT32_MAX_CLASSES = 256
 
 
-def sample(rng: np.random.Generator, shape, dtype: str, reduction="mean", small_chunks=False) -> dict:
-    """hidden (prod(shape[:-1]), D) with D drawn from DIMS, weight (max(shape[-1], 1), D) (V capped for float32, see
-    FLOAT32_MAX_CLASSES), logits of std ~2, about a fifth of the targets ignore_index; with small_chunks, chunk_size
-    splits the rows into 2-4 chunks, the last one usually shorter."""
+def sample(rng: np.random.Generator, shape, dtype: str, reduction="mean", small_chunks=False, dim=None) -> dict:
+    """hidden (prod(shape[:-1]), D) with D = dim or drawn from DIMS, weight (max(shape[-1], 1), D) (V capped for
+    float32, see FLOAT32_MAX_CLASSES), logits of std ~2, about a fifth of the targets ignore_index; with
+    small_chunks, chunk_size splits the rows into 2-4 chunks, the last one usually shorter."""
     n_rows, n_classes = int(np.prod(shape[:-1])), max(shape[-1], 1)
     if dtype == "float32":
         n_classes = min(n_classes, FLOAT32_MAX_CLASSES)
-    dim = int(rng.choice(DIMS))
+    dim = int(rng.choice(DIMS)) if dim is None else dim
     hidden = round_to(rng.standard_normal((n_rows, dim)), dtype)
     weight = round_to(rng.standard_normal((n_classes, dim)) * (2.0 / np.sqrt(dim)), dtype)
     target = np.where(rng.random(n_rows) < 0.2, -100, rng.integers(0, n_classes, n_rows)).astype(np.int64)
