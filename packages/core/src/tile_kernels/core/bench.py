@@ -70,7 +70,7 @@ class Record:
     op: str
     shape: str
     dtype: str
-    direction: str  # "fwd" | "bwd"
+    direction: str  # "fwd" | "bwd" | "step" (forward with gradients recorded + backward)
     impl: str
     ms: float | None
     gbs: float | None = None
@@ -97,6 +97,7 @@ class Timing:
     impl: str
     fwd_ms: float | None
     bwd_ms: float | None
+    step_ms: float | None = None  # forward with gradients recorded + backward: one training step
     peak_mib: float | None = None
     note: str = ""
 
@@ -131,18 +132,19 @@ def cases(ops, widths, dtypes, elements: int, seed: int = 0) -> Iterator[Case]:
 
 
 def records(case: Case, timings: list[Timing], ceilings: Ceilings) -> list[Record]:
-    out = []
+    fwd, bwd = case.cost
+    costs = {"fwd": fwd, "bwd": bwd, "step": Cost(fwd.bytes + bwd.bytes, fwd.flops + bwd.flops)}
     compiled = next((t for t in timings if t.impl == "torch.compile"), None)
+    out = []
     for t in timings:
-        for direction, ms, cost, ref in (
-            ("fwd", t.fwd_ms, case.cost[0], compiled and compiled.fwd_ms),
-            ("bwd", t.bwd_ms, case.cost[1], compiled and compiled.bwd_ms),
-        ):
-            if ms is None and not t.note:
+        for direction, cost in costs.items():
+            ms = getattr(t, f"{direction}_ms")
+            if ms is None and (not t.note or direction == "step"):
                 continue
             r = Record(case.op, "x".join(map(str, case.shape)), case.dtype, direction, t.impl, ms,
                        peak_mib=t.peak_mib, note=t.note)  # fmt: skip
             if ms:
+                ref = compiled and getattr(compiled, f"{direction}_ms")
                 r.gbs, r.tflops = cost.bytes / ms / 1e6, cost.flops / ms / 1e9
                 r.of_ceiling = ceilings.floor_ms(cost) / ms
                 r.vs_compile = ref / ms if ref else None
@@ -162,8 +164,8 @@ def summary_line(case: Case, timings: list[Timing], ceilings: Ceilings) -> str:
             parts.append(f"{t.impl}: {t.note[:60]}")
             continue
         pct = 100 * ceilings.floor_ms(case.cost[0]) / t.fwd_ms
-        bwd = f"/{100 * ceilings.floor_ms(case.cost[1]) / t.bwd_ms:.0f}" if t.bwd_ms else ""
-        parts.append(f"{t.impl} {pct:.0f}{bwd}%")
+        bwd = f"/{100 * ceilings.floor_ms(case.cost[1]) / t.bwd_ms:.0f}" if t.bwd_ms and t.bwd_ms > 0 else ""
+        parts.append(f"{t.impl} {pct:.0f}{bwd}%" + (f" step {t.step_ms:.3g} ms" if t.step_ms else ""))
     return f"{case.op} {case.dtype} {'x'.join(map(str, case.shape))} (fwd/bwd of ceiling): " + ", ".join(parts)
 
 
@@ -204,7 +206,10 @@ def markdown(meta: Meta, recs: list[Record]) -> str:
         f"Ceilings measured in the same run: device copy {c.copy_gbs:.0f} GB/s, dense bf16 GEMM "
         f"{c.gemm_tflops:.0f} TFLOP/s. `of ceiling` = max(bytes / copy, flops / GEMM) / time, from the op's cost "
         "metadata (algorithmic bytes: each input read once, each output written once). `vs compile` = torch.compile "
-        "time / this time. Peak = device memory of one forward + backward above the inputs.",
+        "time / this time. fwd = forward without autograd, bwd = backward of a recorded forward, step = forward with "
+        "autograd recording + backward. torch rows: device time of CUDA-graph replays (no host overhead); JAX rows: "
+        "wall time per call of back-to-back jitted calls. Peak = device memory of one forward + backward above the "
+        "inputs (torch).",
         "",
         f"Versions: {versions}. Command: `{meta.command}`.",
         "",
@@ -225,7 +230,7 @@ def markdown(meta: Meta, recs: list[Record]) -> str:
 
 
 def plot(out_dir: str, recs: list[Record]) -> None:
-    """One PNG per op: % of ceiling against shape, a line per implementation, forward and backward side by side."""
+    """One PNG per op: % of ceiling against shape, a line per implementation; forward, backward, training step."""
     try:
         import matplotlib
 
@@ -235,8 +240,8 @@ def plot(out_dir: str, recs: list[Record]) -> None:
         print("bench: matplotlib is not installed; skipped the plots (pip install matplotlib)", file=sys.stderr)
         return
     for op in dict.fromkeys(r.op for r in recs):
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-        for ax, direction in zip(axes, ("fwd", "bwd")):
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4), sharey=True)
+        for ax, direction in zip(axes, ("fwd", "bwd", "step")):
             mine = [r for r in recs if r.op == op and r.direction == direction and r.of_ceiling]
             labels = list(dict.fromkeys(f"{r.shape} {r.dtype}" for r in mine))
             for impl in dict.fromkeys(r.impl for r in mine):
@@ -248,7 +253,7 @@ def plot(out_dir: str, recs: list[Record]) -> None:
             ax.set_ylim(0, 110)
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("% of ceiling (copy bandwidth or GEMM peak)")
-        axes[1].legend(fontsize=7)
+        axes[-1].legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, f"{op}.png"), dpi=110)
         plt.close(fig)

@@ -3,7 +3,8 @@
 
 Timer: JAX runs on its own stream, so CUDA events on torch's stream cannot time it. A jitted call is enqueued `reps`
 times back to back and the wall time to the last result is divided by `reps` (dispatch overlaps the kernels; for
-calls under ~20 us the figure includes dispatch). Backward = the jitted VJP function of one recorded forward."""
+calls under ~20 us the figure includes dispatch). bwd = the jitted VJP function of one recorded forward; step = the
+jitted forward + VJP."""
 
 from __future__ import annotations
 
@@ -183,10 +184,14 @@ class Provider:
         rest = {k: v for k, v in arrays.items() if k not in diff}
         fwd = jax.jit(call)
         fwd_ms = _time_ms(fwd, diff, rest)
-        floats = [o for o in fwd(diff, rest) if jnp.issubdtype(o.dtype, jnp.floating)]
-        if not names or not floats:
+        if not names:
             return Timing(name, fwd_ms, None)
-        outs, vjp_fn = jax.vjp(lambda d: call(d, rest), diff)
-        cts = tuple(jax.random.normal(jax.random.key(i), o.shape, o.dtype) for i, o in enumerate(outs))
-        bwd_ms = _time_ms(jax.jit(lambda f, c: f(c)), vjp_fn, cts)
-        return Timing(name, fwd_ms, bwd_ms)
+        try:
+            outs, vjp_fn = jax.vjp(lambda d: call(d, rest), diff)
+            cts = tuple(jax.random.normal(jax.random.key(i), o.shape, o.dtype) for i, o in enumerate(outs))
+            bwd_ms = _time_ms(jax.jit(lambda f, c: f(c)), vjp_fn, cts)
+            step = jax.jit(lambda d, r, c: jax.vjp(lambda d: call(d, r), d)[1](c))
+            step_ms = _time_ms(step, diff, rest, cts)
+        except Exception as e:  # e.g. a peer without a VJP: its forward still counts
+            return Timing(name, fwd_ms, None, note=f"backward: {type(e).__name__}: {e}".splitlines()[0])
+        return Timing(name, fwd_ms, bwd_ms, step_ms=step_ms)

@@ -1,7 +1,10 @@
 """torch side of `tile-kernels bench`: tile-kernels' torch ops and the peers a torch user would otherwise call —
-eager torch, torch.compile of the same eager code, and Liger-Kernel where it has the op — timed with Triton's
-do_bench (CUDA events, median, L2 flushed before every call). Backward = torch.autograd.grad of one recorded forward,
-replayed with retain_graph."""
+eager torch, torch.compile of the same eager code, and Liger-Kernel where it has the op.
+
+Device time: each call is captured in a CUDA graph and replayed (median per call), so Python and launch overhead,
+which differ between eager adapters and say little about the kernels, are not timed (torch.compile removes most of it
+in a real model). fwd = forward without autograd; bwd = torch.autograd.grad of one recorded forward, replayed with
+retain_graph; step = forward with autograd recording + backward, the training cost."""
 
 from __future__ import annotations
 
@@ -75,6 +78,9 @@ def _liger(op: str):
     except ImportError:
         return None
 
+    def swiglu(gate, up):
+        return lf.liger_swiglu(gate, up)
+
     def rms(x, weight, eps=1e-6, residual=None):
         if residual is None:
             return lf.liger_rms_norm(x, weight, eps, in_place=False)
@@ -98,7 +104,7 @@ def _liger(op: str):
             raise NotImplementedError("Liger's softmax is over the last dim only")
         return lf.liger_softmax(x)
 
-    return {"rms_norm": rms, "layer_norm": layer, "softmax": soft, "swiglu": lf.liger_swiglu, "cross_entropy": ce,
+    return {"rms_norm": rms, "layer_norm": layer, "softmax": soft, "swiglu": swiglu, "cross_entropy": ce,
             "fused_linear_cross_entropy": flce}.get(op)  # fmt: skip
 
 
@@ -114,6 +120,39 @@ def _tensor(a, device):
 
 def _as_tuple(out):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _graph_ms(fn, stream) -> tuple[float, str]:
+    """(median ms per call, note): `fn` captured back to back in a CUDA graph and replayed, so that host overhead
+    (Python, dispatch, launches) is not timed; where capture fails, Triton's do_bench (events around each call, L2
+    flushed before it), which times the host too if it is slower than the device."""
+    from triton.testing import do_bench
+
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    reps = max(1, min(50, int(30 / max(start.elapsed_time(end) / 3, 1e-3))))
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(reps):
+                fn()
+    except Exception as e:  # noqa: BLE001 — e.g. a host sync inside fn
+        torch.cuda.synchronize()
+        return do_bench(fn), f"eager timing ({type(e).__name__} in CUDA graph capture)."
+    times = []
+    for _ in range(7):
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    del graph
+    return float(np.median(times)), ""
 
 
 def _copy_gbs(device) -> float:
@@ -177,29 +216,35 @@ class Provider:
         return timings
 
     def _time(self, name, fn, args, grad_args) -> Timing:
-        from triton.testing import do_bench
-
-        fwd_ms = do_bench(lambda: fn(**args))
-        leaves = {k: args[k].detach().clone().requires_grad_() for k in grad_args}
-        call = {**args, **leaves}
-        base = torch.cuda.memory_allocated(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        outs = [o for o in _as_tuple(fn(**call)) if o.requires_grad]
-        if not outs:
-            return Timing(name, fwd_ms, None)
-        cts = [torch.randn_like(o) for o in outs]
-        torch.autograd.grad(outs, list(leaves.values()), cts, retain_graph=True)
-        peak = (torch.cuda.max_memory_allocated(self.device) - base) / 2**20
-        try:  # replay the recorded backward
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):  # the recorded autograd graph and the CUDA graphs share this stream
+            fwd_ms, note = _graph_ms(lambda: fn(**args), stream)
+            leaves = {k: args[k].detach().clone().requires_grad_() for k in grad_args}
+            call = {**args, **leaves}
+            base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            outs = [o for o in _as_tuple(fn(**call)) if o.requires_grad]
+            if not outs:
+                return Timing(name, fwd_ms, None, note=note)
+            cts = [torch.randn_like(o) for o in outs]
             torch.autograd.grad(outs, list(leaves.values()), cts, retain_graph=True)
-            bwd_ms = do_bench(lambda: torch.autograd.grad(outs, list(leaves.values()), cts, retain_graph=True))
-            return Timing(name, fwd_ms, bwd_ms, peak_mib=peak)
-        except RuntimeError:  # a backward that cannot run twice (gradients scaled in place): (fwd + bwd) - fwd
-            del outs
+            peak = (torch.cuda.max_memory_allocated(self.device) - base) / 2**20
 
-            def step():
+            def step():  # one training step: forward with autograd recording, then backward
                 o = [o for o in _as_tuple(fn(**call)) if o.requires_grad]
                 torch.autograd.grad(o, list(leaves.values()), cts)
 
-            bwd_ms = do_bench(step) - fwd_ms
-            return Timing(name, fwd_ms, bwd_ms, peak_mib=peak, note="bwd = (fwd + bwd) - fwd")
+            try:  # replay the recorded backward
+                torch.autograd.grad(outs, list(leaves.values()), cts, retain_graph=True)
+                bwd_ms, bwd_note = _graph_ms(
+                    lambda: torch.autograd.grad(outs, list(leaves.values()), cts, retain_graph=True), stream
+                )
+            except RuntimeError:  # a backward that cannot run twice (gradients scaled in place)
+                del outs
+                step_ms, bwd_note = _graph_ms(step, stream)
+                train_fwd_ms, _ = _graph_ms(lambda: fn(**call), stream)
+                bwd_ms, bwd_note = step_ms - train_fwd_ms, "bwd = step - forward with autograd recording. " + bwd_note
+            step_ms, step_note = _graph_ms(step, stream)
+        notes = " ".join(dict.fromkeys(n for n in (note, bwd_note, step_note) if n))
+        return Timing(name, fwd_ms, bwd_ms, step_ms=step_ms, peak_mib=peak, note=notes)
