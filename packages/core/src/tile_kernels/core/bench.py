@@ -174,8 +174,10 @@ def summary_line(case: Case, timings: list[Timing], ceilings: Ceilings) -> str:
 
 def write(out_dir: str, meta: Meta, recs: list[Record]) -> None:
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
+    path = os.path.join(out_dir, "results.json")
+    with open(path + ".tmp", "w") as f:  # then renamed: a run killed mid-write keeps the previous file whole
         json.dump({"meta": asdict(meta), "records": [asdict(r) for r in recs]}, f, indent=1)
+    os.replace(path + ".tmp", path)
     with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(asdict(recs[0]) if recs else Record.__dataclass_fields__))
         writer.writeheader()
