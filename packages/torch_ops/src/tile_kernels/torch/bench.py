@@ -128,7 +128,16 @@ def _graph_ms(fn, stream) -> tuple[float, str]:
     flushed before it), which times the host too if it is slower than the device."""
     from triton.testing import do_bench
 
-    fn()
+    fn()  # compiles, autotunes
+    torch.cuda.set_sync_debug_mode("error")  # a call that waits for the host (e.g. .item()) cannot be captured
+    try:
+        fn()
+    except RuntimeError as e:
+        if "synchroniz" not in str(e):
+            raise
+        return do_bench(fn), "eager timing (synchronizes with the host: not capturable in a CUDA graph)."
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(3):
