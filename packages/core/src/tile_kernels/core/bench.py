@@ -246,10 +246,13 @@ def plot(out_dir: str, recs: list[Record]) -> None:
         for ax, direction in zip(axes, ("fwd", "bwd", "step")):
             mine = [r for r in recs if r.op == op and r.direction == direction and r.of_ceiling]
             labels = list(dict.fromkeys(f"{r.shape} {r.dtype}" for r in mine))
-            for impl in dict.fromkeys(r.impl for r in mine):
+            for k, impl in enumerate(dict.fromkeys(r.impl for r in recs if r.op == op)):
+                if not any(r.impl == impl for r in mine):
+                    continue
                 points = {f"{r.shape} {r.dtype}": 100 * r.of_ceiling for r in mine if r.impl == impl}
                 xs = [i for i, label in enumerate(labels) if label in points]
-                ax.plot(xs, [points[labels[i]] for i in xs], marker="o", label=impl)
+                ax.plot(xs, [points[labels[i]] for i in xs], marker="os^Dv<>"[k % 7], color=plt.cm.tab20(k % 20),
+                        linestyle="-" if impl.startswith("tile-kernels") else "--", label=impl)  # fmt: skip
             ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
             ax.set_title(f"{op} {direction}")
             ax.set_ylim(0, 110)
