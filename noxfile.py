@@ -15,7 +15,7 @@ TORCH_CPU = os.environ.get("TILE_KERNELS_TORCH", "torch==2.13.0")
 
 def _install_cpu_stack(session):
     session.install(TORCH_CPU)
-    session.install("-e", ".[torch,jax,test]")
+    session.install("-e", ".[torch,jax,test,tilelang]")  # tilelang: its kernels lower and nvcc-build in the AOT tests
 
 
 @nox.session
