@@ -1,0 +1,332 @@
+"""The decode step as a graph of tile tasks joined by monotonic counters.
+
+Every task computes one tile of one op of one layer, reads and writes flat element ranges (`Region`s) of named buffers,
+waits for counters to reach thresholds before it starts, and adds 1 to exactly one counter when it is done. A counter's
+threshold is the number of tasks that signal it (within one launch; a persistent kernel that never resets its counters
+compares with epoch x producers). Per layer l, with x[0] the input hidden and x[l + 1] the layer's output:
+
+    NORM     rmsnorm(x[l]) * w_attn -> n1[l]                      waits down[l-1] (all down tiles of the layer before)
+    QKV      rows [lo, hi) of Wqkv n1 -> qkv[l]                   waits norm1[l]
+    ROPE     kv group g: rope(q heads of g), rope(k_g), v_g        waits the qkv tiles that cover group g's rows
+             -> q[l] and the KV cache row at `position`
+    ATTN     group g, KV split s: online-softmax partial (m, l, o) waits rope[l].g
+             over split s of positions 0..position -> att[l]
+    OPROJ    rows [lo, hi): x[l] + Wo combine(att) -> h[l]         waits attn[l] (every group and split)
+    NORM     rmsnorm(h[l]) * w_mlp -> n2[l]                        waits oproj[l]
+    GATEUP   rows [lo, hi): silu(Wg n2) * (Wu n2) -> act[l]        waits norm2[l]
+    DOWN     rows [lo, hi): h[l] + Wd act -> x[l + 1]             waits gateup[l]
+
+Design limits: batch 1; every intermediate buffer is written once per launch (per-layer scratch, so only
+read-after-write edges exist); Wqkv is packed group-major, [q heads of group g, k_g, v_g] for g = 0 .. Hk-1, so that
+a ROPE task waits on a contiguous run of QKV tiles; the KV splits are static and each covers ceil((position+1)/splits)
+positions at run time (a split past the end is empty)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import NamedTuple
+
+from .config import DecoderConfig
+
+
+class Kind(IntEnum):
+    NORM = 0  # tile (0, 1): attention norm, (1, 2): MLP norm
+    QKV = 1
+    ROPE = 2  # tile (g, g + 1)
+    ATTN = 3  # tile (g, g + 1), split s
+    OPROJ = 4
+    GATEUP = 5
+    DOWN = 6
+
+
+class Region(NamedTuple):
+    buffer: str
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    kind: Kind
+    layer: int
+    lo: int
+    hi: int
+    split: int
+    reads: tuple[Region, ...]
+    writes: tuple[Region, ...]
+    waits: tuple[tuple[int, int], ...]  # (counter, threshold)
+    signal: int
+    bytes: int  # estimated bytes moved (weights, activations, KV cache at the context hint)
+
+    @property
+    def label(self) -> str:
+        extra = f"/{self.split}" if self.kind == Kind.ATTN else ""
+        return f"{self.kind.name.lower()}[{self.layer}]({self.lo}:{self.hi}{extra})#{self.id}"
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Output rows per task of each projection, and KV splits per group of the attention."""
+
+    qkv: int = 64
+    o: int = 64
+    gateup: int = 64
+    down: int = 64
+    kv_splits: int = 4
+
+    def __post_init__(self):
+        for name in ("qkv", "o", "gateup", "down", "kv_splits"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"Tiling: {name} must be an int >= 1, got {v!r}")
+
+    @classmethod
+    def auto(cls, config: DecoderConfig, num_sms: int, align: int = 16) -> Tiling:
+        """About one tile of every projection per SM (rows rounded up to `align`, the MMA's granularity), and enough
+        KV splits to give each SM about one attention task (at most 16)."""
+
+        def rows(n: int) -> int:
+            return -(-max(1, -(-n // num_sms)) // align) * align
+
+        return cls(
+            qkv=rows((config.num_heads + 2 * config.num_kv_heads) * config.head_dim),
+            o=rows(config.hidden),
+            gateup=rows(config.intermediate),
+            down=rows(config.hidden),
+            kv_splits=max(1, min(16, num_sms // config.num_kv_heads)),
+        )
+
+
+@dataclass
+class TaskGraph:
+    config: DecoderConfig
+    tiling: Tiling
+    tasks: list[Task] = field(default_factory=list)  # in a topological order
+    counters: list[str] = field(default_factory=list)  # counter id -> label
+    buffers: dict[str, int] = field(default_factory=dict)  # name -> elements
+    inputs: frozenset[str] = frozenset()  # buffers nobody in the graph writes
+    output: str = ""
+
+    def producers(self) -> list[list[int]]:
+        """Counter id -> ids of the tasks that signal it."""
+        out: list[list[int]] = [[] for _ in self.counters]
+        for t in self.tasks:
+            out[t.signal].append(t.id)
+        return out
+
+
+def qkv_rows_of_group(config: DecoderConfig, g: int) -> tuple[int, int]:
+    """Rows of the packed Wqkv (and elements of qkv[l]) that belong to KV group g: G q heads, then k_g, then v_g."""
+    stride = (config.group + 2) * config.head_dim
+    return g * stride, (g + 1) * stride
+
+
+def build_graph(
+    config: DecoderConfig, tiling: Tiling | None = None, context_hint: int | None = None, weight_bytes: int = 2
+) -> TaskGraph:
+    """The task graph of one decode step. `context_hint` (default max_seq) and `weight_bytes` only feed the byte
+    estimates that balance the schedule."""
+    c, t = config, tiling or Tiling()
+    D, G, Hk, Hq = c.head_dim, c.group, c.num_kv_heads, c.num_heads
+    S, ctx, ab = t.kv_splits, min(context_hint or c.max_seq, c.max_seq), 4  # activations are float32
+    nqkv = (Hq + 2 * Hk) * D
+    graph = TaskGraph(config=c, tiling=t)
+    counter_ids: dict[str, int] = {}
+    inputs = {"x[0]"}
+
+    def counter(name: str) -> int:
+        if name not in counter_ids:
+            counter_ids[name] = len(graph.counters)
+            graph.counters.append(name)
+        return counter_ids[name]
+
+    def buf(name: str, size: int, is_input: bool = False) -> str:
+        graph.buffers[name] = size
+        if is_input:
+            inputs.add(name)
+        return name
+
+    def add(kind, layer, lo, hi, reads, writes, waits, signal, split=0, extra_bytes=0):
+        def nbytes(regions):
+            return sum((r.hi - r.lo) * (weight_bytes if r.buffer.startswith("w") else ab) for r in regions)
+
+        graph.tasks.append(
+            Task(
+                id=len(graph.tasks),
+                kind=kind,
+                layer=layer,
+                lo=lo,
+                hi=hi,
+                split=split,
+                reads=tuple(reads),
+                writes=tuple(writes),
+                waits=tuple((counter(w), 0) for w in waits),
+                signal=counter(signal),
+                bytes=nbytes(reads) + nbytes(writes) + extra_bytes,
+            )
+        )
+
+    def tiles(n, size):
+        return [(lo, min(n, lo + size)) for lo in range(0, n, size)]
+
+    buf("x[0]", c.hidden)
+    for layer in range(c.num_layers):
+        L = f"[{layer}]"
+        x, h, x_next = f"x{L}", buf(f"h{L}", c.hidden), buf(f"x[{layer + 1}]", c.hidden)
+        n1, n2 = buf(f"n1{L}", c.hidden), buf(f"n2{L}", c.hidden)
+        qkv, q = buf(f"qkv{L}", nqkv), buf(f"q{L}", Hq * D)
+        kv_new = buf(f"kv_new{L}", 2 * Hk * D)  # the KV cache row at `position`: k heads, then v heads
+        buf(f"kv_cache{L}", 2 * c.max_seq * Hk * D, is_input=True)  # rows before `position`, read by ATTN
+        att = buf(f"att{L}", S * Hq * (D + 2))  # (split, head, [o (D), m, l])
+        act = buf(f"act{L}", c.intermediate)
+        w_an, w_mn = buf(f"w_attn_norm{L}", c.hidden, True), buf(f"w_mlp_norm{L}", c.hidden, True)
+        wqkv, wo = buf(f"wqkv{L}", nqkv * c.hidden, True), buf(f"wo{L}", c.hidden * Hq * D, True)
+        wg, wu = buf(f"wgate{L}", c.intermediate * c.hidden, True), buf(f"wup{L}", c.intermediate * c.hidden, True)
+        wd = buf(f"wdown{L}", c.hidden * c.intermediate, True)
+
+        add(
+            Kind.NORM,
+            layer,
+            0,
+            1,
+            [Region(x, 0, c.hidden), Region(w_an, 0, c.hidden)],
+            [Region(n1, 0, c.hidden)],
+            [f"down[{layer - 1}]"] if layer else [],
+            f"norm1{L}",
+        )
+        qkv_tiles = tiles(nqkv, t.qkv)
+        for i, (lo, hi) in enumerate(qkv_tiles):
+            add(
+                Kind.QKV,
+                layer,
+                lo,
+                hi,
+                [Region(n1, 0, c.hidden), Region(wqkv, lo * c.hidden, hi * c.hidden)],
+                [Region(qkv, lo, hi)],
+                [f"norm1{L}"],
+                f"qkv{L}.{i}",
+            )
+        for g in range(Hk):
+            lo, hi = qkv_rows_of_group(c, g)
+            need = [f"qkv{L}.{i}" for i, (a, b) in enumerate(qkv_tiles) if a < hi and lo < b]
+            add(
+                Kind.ROPE,
+                layer,
+                g,
+                g + 1,
+                [Region(qkv, lo, hi)],
+                [
+                    Region(q, g * G * D, (g + 1) * G * D),
+                    Region(kv_new, g * D, (g + 1) * D),
+                    Region(kv_new, (Hk + g) * D, (Hk + g + 1) * D),
+                ],
+                need,
+                f"rope{L}.{g}",
+            )
+        chunk = -(-ctx // S)
+        for g in range(Hk):
+            for s in range(S):
+                row = (s * Hq + g * G) * (D + 2)
+                add(
+                    Kind.ATTN,
+                    layer,
+                    g,
+                    g + 1,
+                    [
+                        Region(q, g * G * D, (g + 1) * G * D),
+                        Region(kv_new, g * D, (g + 1) * D),
+                        Region(kv_new, (Hk + g) * D, (Hk + g + 1) * D),
+                    ],
+                    [Region(att, row, row + G * (D + 2))],
+                    [f"rope{L}.{g}"],
+                    f"attn{L}",
+                    split=s,
+                    extra_bytes=2 * chunk * D * weight_bytes,
+                )
+        for lo, hi in tiles(c.hidden, t.o):
+            add(
+                Kind.OPROJ,
+                layer,
+                lo,
+                hi,
+                [Region(att, 0, S * Hq * (D + 2)), Region(wo, lo * Hq * D, hi * Hq * D), Region(x, lo, hi)],
+                [Region(h, lo, hi)],
+                [f"attn{L}"],
+                f"oproj{L}",
+            )
+        add(
+            Kind.NORM,
+            layer,
+            1,
+            2,
+            [Region(h, 0, c.hidden), Region(w_mn, 0, c.hidden)],
+            [Region(n2, 0, c.hidden)],
+            [f"oproj{L}"],
+            f"norm2{L}",
+        )
+        for lo, hi in tiles(c.intermediate, t.gateup):
+            add(
+                Kind.GATEUP,
+                layer,
+                lo,
+                hi,
+                [
+                    Region(n2, 0, c.hidden),
+                    Region(wg, lo * c.hidden, hi * c.hidden),
+                    Region(wu, lo * c.hidden, hi * c.hidden),
+                ],
+                [Region(act, lo, hi)],
+                [f"norm2{L}"],
+                f"gateup{L}",
+            )
+        for lo, hi in tiles(c.hidden, t.down):
+            add(
+                Kind.DOWN,
+                layer,
+                lo,
+                hi,
+                [
+                    Region(act, 0, c.intermediate),
+                    Region(wd, lo * c.intermediate, hi * c.intermediate),
+                    Region(h, lo, hi),
+                ],
+                [Region(x_next, lo, hi)],
+                [f"gateup{L}"],
+                f"down{L}",
+            )
+
+    # thresholds: every wait needs all of the counter's producers
+    count = [0] * len(graph.counters)
+    for task in graph.tasks:
+        count[task.signal] += 1
+    graph.tasks = [
+        Task(**{**task.__dict__, "waits": tuple((cid, count[cid]) for cid, _ in task.waits)}) for task in graph.tasks
+    ]
+    graph.inputs = frozenset(inputs)
+    graph.output = f"x[{c.num_layers}]"
+    return graph
+
+
+def pack_weights(config: DecoderConfig, layers: list[dict]) -> dict:
+    """Weight buffers in the graph's layouts (see the module docstring), flattened; torch tensors, same dtype."""
+    import torch
+
+    c, D, G = config, config.head_dim, config.group
+    out = {}
+    for i, w in enumerate(layers):
+        q = w["q"].reshape(c.num_kv_heads, G * D, c.hidden)
+        k = w["k"].reshape(c.num_kv_heads, D, c.hidden)
+        v = w["v"].reshape(c.num_kv_heads, D, c.hidden)
+        out[f"wqkv[{i}]"] = torch.cat([q, k, v], dim=1).reshape(-1).contiguous()
+        for short, name in (
+            ("attn_norm", "w_attn_norm"),
+            ("mlp_norm", "w_mlp_norm"),
+            ("o", "wo"),
+            ("gate", "wgate"),
+            ("up", "wup"),
+            ("down", "wdown"),
+        ):
+            out[f"{name}[{i}]"] = w[short].reshape(-1).contiguous()
+    return out

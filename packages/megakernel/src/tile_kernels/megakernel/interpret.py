@@ -1,0 +1,105 @@
+"""Reference interpreter: runs the task graph tile by tile on CPU torch tensors, in one legal interleaving of the
+schedule's queues (the lowest runnable queue first, or a random runnable queue at every step with `rng`).
+
+Every intermediate buffer and the KV cache row at `position` are poisoned with NaN first, so a task that runs before
+the data it reads is written (a missing or wrong dependency) poisons the result instead of passing silently. The math
+per task kind is in graph.py's docstring; ATTN writes flash-decoding partials (o = sum_j e^(s_j - m) v_j,
+m = max_j s_j, l = sum_j e^(s_j - m)) that OPROJ combines: a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from .check import describe_stuck, run_queues
+from .config import DecoderConfig
+from .graph import Kind, Task, TaskGraph, qkv_rows_of_group
+from .reference import check_step_inputs, rope_cos_sin
+from .schedule import Schedule
+
+
+class DeadlockError(RuntimeError):
+    def __init__(self, stuck: list[str]):
+        self.stuck = stuck
+        super().__init__("the queues deadlocked:\n  " + "\n  ".join(stuck))
+
+
+def _run_task(c: DecoderConfig, S: int, t: Task, b: dict, kv: torch.Tensor, pos: int, cos, sin) -> None:
+    D, G, Hq, H, L = c.head_dim, c.group, c.num_heads, c.hidden, f"[{t.layer}]"
+    if t.kind == Kind.NORM:
+        src, w, dst = (f"x{L}", f"w_attn_norm{L}", f"n1{L}") if t.lo == 0 else (f"h{L}", f"w_mlp_norm{L}", f"n2{L}")
+        x = b[src]
+        b[dst][:] = x * torch.rsqrt(x.square().mean() + c.rms_eps) * b[w]
+    elif t.kind == Kind.QKV:
+        b[f"qkv{L}"][t.lo : t.hi] = b[f"wqkv{L}"].view(-1, H)[t.lo : t.hi] @ b[f"n1{L}"]
+    elif t.kind == Kind.ROPE:
+        g = t.lo
+        lo, hi = qkv_rows_of_group(c, g)
+        seg = b[f"qkv{L}"][lo:hi].view(G + 2, D)
+        x1, x2 = seg[: G + 1, : D // 2], seg[: G + 1, D // 2 :]
+        rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # G q heads, then k_g
+        b[f"q{L}"][g * G * D : (g + 1) * G * D] = rot[:G].reshape(-1)
+        kv[t.layer, 0, pos, g] = rot[G].to(kv.dtype)
+        kv[t.layer, 1, pos, g] = seg[G + 1].to(kv.dtype)
+    elif t.kind == Kind.ATTN:
+        g, s, n = t.lo, t.split, pos + 1
+        chunk = -(-n // S)
+        a, e = min(n, s * chunk), min(n, (s + 1) * chunk)
+        q = b[f"q{L}"][g * G * D : (g + 1) * G * D].view(G, D)
+        keys, vals = kv[t.layer, 0, a:e, g].to(q.dtype), kv[t.layer, 1, a:e, g].to(q.dtype)
+        scores = q @ keys.T / D**0.5  # (G, e - a)
+        m = scores.amax(dim=1) if e > a else torch.full((G,), -torch.inf, dtype=q.dtype)
+        p = torch.exp(scores - m[:, None])
+        row = (s * Hq + g * G) * (D + 2)
+        b[f"att{L}"][row : row + G * (D + 2)] = torch.cat([p @ vals, m[:, None], p.sum(1)[:, None]], 1).reshape(-1)
+    elif t.kind == Kind.OPROJ:
+        part = b[f"att{L}"].view(S, Hq, D + 2)
+        o, m, l_ = part[..., :D], part[..., D], part[..., D + 1]
+        scale = torch.exp(m - m.amax(dim=0))  # (S, Hq); an empty split has m = -inf, scale 0
+        attn = (scale[..., None] * o).sum(0) / (scale * l_).sum(0)[:, None]
+        b[f"h{L}"][t.lo : t.hi] = b[f"x{L}"][t.lo : t.hi] + b[f"wo{L}"].view(H, -1)[t.lo : t.hi] @ attn.reshape(-1)
+    elif t.kind == Kind.GATEUP:
+        n2, I_ = b[f"n2{L}"], c.intermediate
+        gate = b[f"wgate{L}"].view(I_, H)[t.lo : t.hi] @ n2
+        b[f"act{L}"][t.lo : t.hi] = torch.nn.functional.silu(gate) * (b[f"wup{L}"].view(I_, H)[t.lo : t.hi] @ n2)
+    elif t.kind == Kind.DOWN:
+        w = b[f"wdown{L}"].view(H, -1)[t.lo : t.hi]
+        b[f"x[{t.layer + 1}]"][t.lo : t.hi] = b[f"h{L}"][t.lo : t.hi] + w @ b[f"act{L}"]
+    else:
+        raise ValueError(f"interpret: unknown task kind {t.kind!r}")
+
+
+def interpret(
+    graph: TaskGraph,
+    sched: Schedule,
+    packed: dict,
+    hidden: torch.Tensor,
+    kv_cache: torch.Tensor,
+    position: int,
+    rng: random.Random | int | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """Runs one decode step: writes kv_cache[:, :, position] in place, returns the new hidden (shape of `hidden`).
+    `packed` is graph.pack_weights' output; everything is computed in `dtype`. Raises DeadlockError, naming each stuck
+    queue head and the waits it cannot meet, when the queues cannot finish."""
+    c = graph.config
+    check_step_inputs(c, hidden, kv_cache, position)
+    if hidden.device.type != "cpu" or kv_cache.device.type != "cpu":
+        raise ValueError(f"interpret: needs CPU tensors, got hidden on {hidden.device}, kv_cache on {kv_cache.device}")
+    if isinstance(rng, int):
+        rng = random.Random(rng)
+    order, stuck = run_queues(graph, sched.queues, pick=rng.choice if rng is not None else None)
+    if stuck:
+        raise DeadlockError(describe_stuck(graph, order, stuck))
+    bufs = {name: torch.full((size,), torch.nan, dtype=dtype) for name, size in graph.buffers.items()}
+    for name, tensor in packed.items():
+        if name not in bufs or tensor.numel() != bufs[name].numel():
+            raise ValueError(f"interpret: packed weight {name!r} does not match the graph's buffer table")
+        bufs[name] = tensor.to(dtype)
+    bufs["x[0]"] = hidden.reshape(-1).to(dtype)
+    kv_cache[:, :, position] = torch.nan
+    cos, sin = rope_cos_sin(c, position, dtype)
+    for tid in order:
+        _run_task(c, graph.tiling.kv_splits, graph.tasks[tid], bufs, kv_cache, position, cos, sin)
+    return bufs[graph.output].to(hidden.dtype).reshape(hidden.shape)

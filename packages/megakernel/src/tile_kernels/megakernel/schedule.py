@@ -1,0 +1,47 @@
+"""Static assignment of the graph's tasks to per-SM queues.
+
+List scheduling in the graph's topological order: each task goes to the SM where it can start first, its start being
+max(the SM's estimated finish, the latest estimated finish of its producers), its cost `overhead_ns + bytes /
+sm_bandwidth`. Each queue is a subsequence of one global topological order, so with every SM resident at once
+(cooperative launch) the queues cannot deadlock; check.py verifies that instead of trusting it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .graph import TaskGraph
+
+
+@dataclass(frozen=True)
+class Schedule:
+    queues: tuple[tuple[int, ...], ...]  # SM -> task ids in execution order
+    est_finish_ns: float = 0.0  # the list scheduler's makespan estimate
+
+    @property
+    def num_sms(self) -> int:
+        return len(self.queues)
+
+
+def schedule(
+    graph: TaskGraph, num_sms: int, sm_bandwidth: float = 4.8e12 / 132, overhead_ns: float = 300.0
+) -> Schedule:
+    """`sm_bandwidth` (bytes/s one SM streams; default: an H200's HBM shared by 132 SMs) and `overhead_ns` (per task:
+    launch of the tile, waits, signal) only shape the balance."""
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
+        raise ValueError(f"schedule: num_sms must be an int >= 1, got {num_sms!r}")
+    producers = graph.producers()
+    counter_ready = [0.0] * len(graph.counters)
+    free = [0.0] * num_sms
+    queues: list[list[int]] = [[] for _ in range(num_sms)]
+    done = [0] * len(graph.counters)
+    for task in graph.tasks:
+        for cid, _ in task.waits:
+            if done[cid] != len(producers[cid]):
+                raise ValueError(f"schedule: the graph is not in topological order at {task.label}")
+        ready = max((counter_ready[cid] for cid, _ in task.waits), default=0.0)
+        sm = min(range(num_sms), key=lambda i: (max(free[i], ready), free[i]))
+        free[sm] = max(free[sm], ready) + overhead_ns + task.bytes / sm_bandwidth * 1e9
+        queues[sm].append(task.id)
+        counter_ready[task.signal] = max(counter_ready[task.signal], free[sm])
+        done[task.signal] += 1
+    return Schedule(queues=tuple(tuple(q) for q in queues), est_finish_ns=max(free))
