@@ -1,0 +1,358 @@
+"""tile_kernels.megakernel on the CPU: the schedule checker accepts every built schedule and rejects mutated ones, and
+the reference interpreter, under random legal interleavings of the per-SM queues, matches the eager torch decode step
+over several steps with a growing context."""
+
+import math
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from tile_kernels.megakernel import (  # noqa: E402
+    DeadlockError,
+    DecoderConfig,
+    Kind,
+    Schedule,
+    ScheduleError,
+    Tiling,
+    build_decode_step,
+    build_graph,
+    check_schedule,
+    decode_step,
+    find_problems,
+    interpret,
+    pack_weights,
+    schedule,
+)
+from tile_kernels.megakernel.weights import LAYER_WEIGHTS, layer_weights  # noqa: E402
+
+
+@st.composite
+def problems(draw, max_layers=3):
+    kv_heads, group = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    config = DecoderConfig(
+        num_layers=draw(st.integers(1, max_layers)),
+        hidden=draw(st.integers(1, 40)),
+        num_heads=kv_heads * group,
+        num_kv_heads=kv_heads,
+        head_dim=2 * draw(st.integers(1, 5)),
+        intermediate=draw(st.integers(1, 48)),
+        max_seq=draw(st.integers(1, 12)),
+        rms_eps=1e-5,
+        rope_theta=draw(st.sampled_from([10000.0, 500000.0])),
+    )
+    tiling = Tiling(
+        qkv=draw(st.integers(1, 40)),
+        o=draw(st.integers(1, 40)),
+        gateup=draw(st.integers(1, 50)),
+        down=draw(st.integers(1, 40)),
+        kv_splits=draw(st.integers(1, 5)),
+    )
+    return config, tiling, draw(st.integers(1, 9))
+
+
+def random_weights(config, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i in range(config.num_layers):
+        for _, (hf, shape_of) in LAYER_WEIGHTS.items():
+            shape = shape_of(config)
+            scale = 1.0 if len(shape) == 1 else shape[1] ** -0.5
+            # norms' weights around 1, projections ~ 1/sqrt(fan-in): activations stay O(1) across layers
+            w = torch.randn(shape, generator=g, dtype=torch.float64) * (0.3 if len(shape) == 1 else scale)
+            out[f"model.layers.{i}.{hf}.weight"] = (w + (1.0 if len(shape) == 1 else 0.0)).to(dtype)
+    return out
+
+
+def built(config, tiling, num_sms):
+    graph = build_graph(config, tiling)
+    return graph, schedule(graph, num_sms)
+
+
+# ------------------------------------------------------------------------------------------------------------ checker
+
+
+@given(problems())
+def test_checker_accepts_built_schedules(problem):
+    config, tiling, num_sms = problem
+    graph, sched = built(config, tiling, num_sms)
+    assert find_problems(graph, sched) == []
+    assert sorted(t for q in sched.queues for t in q) == list(range(len(graph.tasks)))
+    c, t = config, tiling
+    per_layer = (
+        2
+        + math.ceil((c.num_heads + 2 * c.num_kv_heads) * c.head_dim / t.qkv)
+        + c.num_kv_heads * (1 + t.kv_splits)
+        + math.ceil(c.hidden / t.o)
+        + math.ceil(c.intermediate / t.gateup)
+        + math.ceil(c.hidden / t.down)
+    )
+    assert len(graph.tasks) == c.num_layers * per_layer
+
+
+def mutate_waits(graph, tid, waits):
+    task = graph.tasks[tid]
+    graph.tasks[tid] = type(task)(**{**task.__dict__, "waits": tuple(waits)})
+
+
+@given(problems(), st.data())
+def test_checker_rejects_a_dropped_edge(problem, data):
+    graph, sched = built(*problem)
+    tid = data.draw(st.sampled_from([t.id for t in graph.tasks if t.waits]))
+    waits = list(graph.tasks[tid].waits)
+    del waits[data.draw(st.integers(0, len(waits) - 1))]
+    mutate_waits(graph, tid, waits)
+    found = find_problems(graph, sched)
+    assert any(p.startswith("race: " + graph.tasks[tid].label) for p in found), found
+
+
+@given(problems(), st.data())
+def test_checker_rejects_a_wrong_threshold(problem, data):
+    graph, sched = built(*problem)
+    tid = data.draw(st.sampled_from([t.id for t in graph.tasks if t.waits]))
+    waits = list(graph.tasks[tid].waits)
+    i = data.draw(st.integers(0, len(waits) - 1))
+    delta = data.draw(st.sampled_from([-1, 1, 2]))
+    waits[i] = (waits[i][0], waits[i][1] + delta)
+    mutate_waits(graph, tid, waits)
+    found = find_problems(graph, sched)
+    assert any(graph.tasks[tid].label in p and "tasks signal it" in p for p in found), found
+    with pytest.raises(ScheduleError, match="invalid schedule"):
+        check_schedule(graph, sched)
+
+
+def move_before(sched, consumer, producer):
+    """The consumer, taken out of its queue, put just before its producer in the producer's queue."""
+    queues = [[t for t in q if t != consumer] for q in sched.queues]
+    q = next(q for q in queues if producer in q)
+    q.insert(q.index(producer), consumer)
+    return Schedule(tuple(tuple(q) for q in queues))
+
+
+@given(problems(), st.data())
+def test_checker_rejects_a_consumer_before_its_producer_in_one_queue(problem, data):
+    graph, sched = built(*problem)
+    producers = graph.producers()
+    consumer = data.draw(st.sampled_from([t for t in graph.tasks if t.waits]))
+    producer = data.draw(st.sampled_from(producers[data.draw(st.sampled_from(consumer.waits))[0]]))
+    bad = move_before(sched, consumer.id, producer)
+    found = find_problems(graph, bad)
+    assert any("later in the same queue" in p for p in found), found
+    assert any(p.startswith("deadlock: ") for p in found), found
+    with pytest.raises(DeadlockError, match=r"stuck at .* waiting for "):
+        interpret(graph, bad, {}, torch.zeros(graph.config.hidden), torch.zeros(graph.config.kv_cache_shape()), 0)
+
+
+@given(problems(), st.data())
+def test_checker_rejects_a_swapped_queue_order(problem, data):
+    config, tiling, _ = problem
+    graph, sched = built(config, tiling, 1)  # one queue: every edge joins two positions of it
+    consumer = data.draw(st.sampled_from([t for t in graph.tasks if t.waits]))
+    producer = data.draw(st.sampled_from(graph.producers()[data.draw(st.sampled_from(consumer.waits))[0]]))
+    queue = list(sched.queues[0])
+    i, j = queue.index(producer), queue.index(consumer.id)
+    queue[i], queue[j] = queue[j], queue[i]
+    found = find_problems(graph, Schedule((tuple(queue),)))
+    assert f"queue 0[{i}]: {consumer.label} waits for {graph.counters[graph.tasks[producer].signal]}" in "".join(found)
+
+
+def chain(graph):
+    """Tasks x -> y -> z, each waiting on the one before (norm1 -> a QKV tile -> a ROPE of layer 0)."""
+    producers = graph.producers()
+    z = next(t for t in graph.tasks if t.kind == Kind.ROPE)
+    y = graph.tasks[producers[z.waits[0][0]][0]]
+    x = graph.tasks[producers[y.waits[0][0]][0]]
+    return x, y, z
+
+
+@given(problems())
+def test_a_cross_queue_deadlock_is_found_and_reported_with_its_stuck_waits(problem):
+    config, tiling, num_sms = problem
+    graph, sched = built(config, tiling, max(2, num_sms))
+    x, y, z = chain(graph)
+    # queue 0 runs z before x, queue 1 runs y, then the rest in topological order: z waits for y, y waits for x,
+    # x is behind z
+    rest = tuple(t.id for t in graph.tasks if t.id not in (x.id, y.id, z.id))
+    bad = Schedule(((z.id, x.id), (y.id, *rest)) + ((),) * (sched.num_sms - 2))
+    found = find_problems(graph, bad)
+    assert not any("later in the same queue" in p for p in found), found  # each queue alone looks fine
+    stuck_z = f"deadlock: queue 0 stuck at {z.label} waiting for {graph.counters[z.waits[0][0]]} = 0 < 1"
+    assert any(p.startswith(stuck_z) for p in found), found
+    with pytest.raises(DeadlockError) as err:
+        interpret(graph, bad, {}, torch.zeros(config.hidden), torch.zeros(config.kv_cache_shape()), 0, rng=1)
+    assert any(
+        s.startswith(f"queue 1 stuck at {y.label} waiting for {graph.counters[y.waits[0][0]]} = 0 < 1")
+        for s in err.value.stuck
+    ), err.value.stuck
+
+
+def test_checker_rejects_unscheduled_and_duplicated_tasks():
+    graph, sched = built(DecoderConfig(1, 8, 2, 1, 4, 8, 4), Tiling(4, 4, 4, 4, 2), 3)
+    queues = [list(q) for q in sched.queues]
+    dropped = queues[0].pop()
+    queues[1].append(queues[2][0])
+    found = find_problems(graph, Schedule(tuple(tuple(q) for q in queues)))
+    assert f"{graph.tasks[dropped].label} is not scheduled" in found
+    assert any("already scheduled" in p for p in found), found
+
+
+# -------------------------------------------------------------------------------------------------------- interpreter
+
+
+@given(problems(), st.integers(0, 2**31 - 1), st.sampled_from([torch.float64, torch.float32]))
+def test_interpreter_matches_the_eager_decode_step_over_a_growing_context(problem, seed, dtype):
+    config, tiling, num_sms = problem
+    graph, sched = built(config, tiling, num_sms)
+    weights = random_weights(config, seed)
+    packed = pack_weights(config, layer_weights(config, weights))
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    cache_ref = torch.randn(config.kv_cache_shape(), generator=gen, dtype=torch.float64)  # a prefilled context
+    cache = cache_ref.clone()
+    steps = min(3, config.max_seq)
+    start = rng.randrange(config.max_seq - steps + 1)
+    x = torch.randn(config.hidden, generator=gen, dtype=torch.float64)
+    tol = 1e-10 if dtype == torch.float64 else 2e-4
+    for position in range(start, start + steps):
+        want = decode_step(config, weights, x, cache_ref, position)
+        got = interpret(graph, sched, packed, x, cache, position, rng=rng, dtype=dtype)
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        torch.testing.assert_close(cache, cache_ref, rtol=tol, atol=tol)
+        x = want
+
+
+@given(problems(max_layers=2), st.integers(0, 2**31 - 1))
+def test_every_interleaving_gives_the_same_bits(problem, seed):
+    config, tiling, num_sms = problem
+    graph, sched = built(config, tiling, num_sms)
+    weights = random_weights(config, seed, torch.float32)
+    packed = pack_weights(config, layer_weights(config, weights))
+    x = torch.randn(1, config.hidden, generator=torch.Generator().manual_seed(seed))
+    position = config.max_seq - 1
+    caches = [torch.ones(config.kv_cache_shape(), dtype=torch.bfloat16) for _ in range(3)]
+    rngs = [None, seed, seed + 1]  # the lowest runnable queue first, then two random interleavings
+    outs = [interpret(graph, sched, packed, x, cache, position, rng=r) for cache, r in zip(caches, rngs)]
+    assert outs[0].shape == (1, config.hidden) and outs[0].dtype == torch.float32
+    assert not outs[0].isnan().any()
+    for out, cache in zip(outs[1:], caches[1:]):
+        assert torch.equal(out, outs[0]) and torch.equal(cache, caches[0])
+
+
+def test_a_missing_dependency_poisons_the_result():
+    """A QKV tile that no longer waits for the norm, run first: it reads the NaN-poisoned norm buffer."""
+    config = DecoderConfig(1, 8, 2, 1, 4, 8, 4)
+    graph, sched = built(config, Tiling(4, 4, 4, 4, 2), 2)
+    qkv = next(t for t in graph.tasks if t.kind == Kind.QKV)
+    mutate_waits(graph, qkv.id, [])
+    bad = Schedule(
+        (
+            (qkv.id,) + tuple(t for t in sched.queues[0] if t != qkv.id),
+            *(tuple(t for t in q if t != qkv.id) for q in sched.queues[1:]),
+        )
+    )
+    assert any(p.startswith("race: " + qkv.label) for p in find_problems(graph, bad))
+    packed = pack_weights(config, layer_weights(config, random_weights(config, 0)))
+    out = interpret(graph, bad, packed, torch.randn(8), torch.randn(config.kv_cache_shape()), 2)
+    assert out.isnan().all()
+
+
+# --------------------------------------------------------------------------------------------- config, API and errors
+
+LLAMA_3_2_1B = {
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 16,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+}
+
+
+def test_config_from_hf_and_llama3_rope_scaling():
+    c = DecoderConfig.from_hf(LLAMA_3_2_1B, max_seq=1025)
+    assert (c.num_layers, c.hidden, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate, c.max_seq) == (
+        16,
+        2048,
+        32,
+        8,
+        64,
+        8192,
+        1025,
+    )
+    plain = DecoderConfig(**{**c.__dict__, "rope_scaling": None}).rope_inv_freq()
+    scaled = c.rope_inv_freq()
+    for f, s in zip(plain, scaled):
+        wavelen = 2 * math.pi / f
+        if wavelen < 8192 / 4:
+            assert s == f  # high frequencies kept
+        elif wavelen > 8192:
+            assert s == pytest.approx(f / 32)  # low frequencies slowed by the factor
+        else:
+            assert f / 32 < s < f  # interpolated
+    assert scaled[0] == 1.0 and scaled[-1] < plain[-1]
+
+
+def test_the_llama_3_2_1b_graph_schedules_onto_132_sms():
+    c = DecoderConfig.from_hf(LLAMA_3_2_1B, max_seq=2048)
+    graph = build_graph(c, Tiling.auto(c, 132), context_hint=1024)
+    sched = schedule(graph, 132)
+    check_schedule(graph, sched)
+    weights = sum(r.hi - r.lo for t in graph.tasks for r in t.reads if r.buffer.startswith("w")) * 2
+    assert weights / 4.8e12 * 1e9 > 400e3 and sched.est_finish_ns > weights / 4.8e12 * 1e9
+    assert max(map(len, sched.queues)) - min(map(len, sched.queues)) <= len(graph.tasks) // 132
+
+
+@pytest.mark.parametrize(
+    "hf, match",
+    [
+        ({"hidden_size": 8}, "lacks the keys"),
+        ({**LLAMA_3_2_1B, "hidden_act": "gelu"}, "hidden_act must be 'silu', got 'gelu'"),
+        ({**LLAMA_3_2_1B, "attention_bias": True}, "attention_bias must be false"),
+        ({**LLAMA_3_2_1B, "rope_scaling": {"rope_type": "yarn"}}, "rope_type 'llama3', got 'yarn'"),
+        ({**LLAMA_3_2_1B, "num_key_value_heads": 5}, "multiple of num_kv_heads, got 32 and 5"),
+    ],
+)
+def test_config_errors(hf, match):
+    with pytest.raises(ValueError, match=match):
+        DecoderConfig.from_hf(hf)
+
+
+def test_build_decode_step_interpreter_and_errors():
+    config = DecoderConfig(2, 12, 4, 2, 4, 20, 6)
+    weights = random_weights(config, 3)
+    step = build_decode_step(config, weights, backend="interpreter", num_sms=4, seed=0)
+    cache = torch.randn(config.kv_cache_shape(), dtype=torch.float64)
+    cache_ref = cache.clone()
+    x = torch.randn(1, 12, dtype=torch.float64)
+    for position in range(3):
+        x, want = step(x, cache, position), decode_step(config, weights, x, cache_ref, position)
+        torch.testing.assert_close(x, want, rtol=1e-10, atol=1e-10)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        build_decode_step(config, weights)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        build_decode_step(config, weights, backend="cuda")
+    name = "model.layers.1.mlp.up_proj.weight"
+    with pytest.raises(ValueError, match=rf"weights\['{name}'\]: expected shape \(20, 12\), got \(12, 20\)"):
+        build_decode_step(config, {**weights, name: weights[name].T}, backend="interpreter")
+    with pytest.raises(ValueError, match="missing 'model.layers.0.input_layernorm.weight'"):
+        build_decode_step(config, {k: v for k, v in weights.items() if "layernorm" not in k}, backend="interpreter")
+    with pytest.raises(ValueError, match=r"hidden must be \(12,\) or \(1, 12\), got \(2, 12\)"):
+        step(torch.zeros(2, 12), cache, 0)
+    with pytest.raises(ValueError, match=r"position must be in \[0, 6\), got 6"):
+        step(torch.zeros(12), cache, 6)
+    with pytest.raises(ValueError, match=r"kv_cache must be \(2, 2, 6, 2, 4\), got"):
+        step(torch.zeros(12), cache[:, :, :5], 0)
