@@ -5,6 +5,7 @@ over several steps with a growing context."""
 import math
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,6 +28,7 @@ from tile_kernels.megakernel import (  # noqa: E402
     pack_weights,
     schedule,
 )
+from tile_kernels.megakernel.schedule import encode  # noqa: E402
 from tile_kernels.megakernel.weights import LAYER_WEIGHTS, layer_weights  # noqa: E402
 
 
@@ -91,6 +93,19 @@ def test_checker_accepts_built_schedules(problem):
         + math.ceil(c.hidden / t.down)
     )
     assert len(graph.tasks) == c.num_layers * per_layer
+
+
+@given(problems())
+def test_encoded_tables_hold_the_graph_and_the_queues(problem):
+    graph, sched = built(*problem)
+    enc = encode(graph, sched)
+    assert enc["tasks"].dtype == enc["waits"].dtype == enc["queue_tasks"].dtype == np.int32
+    for t, row in zip(graph.tasks, enc["tasks"].tolist()):
+        kind, layer, lo, hi, split, w0, w1, signal = row
+        assert (Kind(kind), layer, lo, hi, split, signal) == (t.kind, t.layer, t.lo, t.hi, t.split, t.signal)
+        assert [tuple(w) for w in enc["waits"][w0:w1].tolist()] == list(t.waits)
+    ptr = enc["queue_ptr"].tolist()
+    assert [tuple(enc["queue_tasks"][a:b].tolist()) for a, b in zip(ptr, ptr[1:])] == list(sched.queues)
 
 
 def mutate_waits(graph, tid, waits):

@@ -45,3 +45,28 @@ def schedule(
         counter_ready[task.signal] = max(counter_ready[task.signal], free[sm])
         done[task.signal] += 1
     return Schedule(queues=tuple(tuple(q) for q in queues), est_finish_ns=max(free))
+
+
+TASK_FIELDS = ("kind", "layer", "lo", "hi", "split", "wait_begin", "wait_end", "signal")
+
+
+def encode(graph: TaskGraph, sched: Schedule) -> dict:
+    """The int32 tables the persistent kernel reads (NumPy; the launcher copies them to the GPU once per build):
+    tasks (num_tasks, 8) with columns TASK_FIELDS, waits (num_waits, 2) = (counter, threshold) rows
+    tasks[:, 5]:tasks[:, 6] of each task, queue_ptr (num_sms + 1,) and queue_tasks: SM i runs
+    queue_tasks[queue_ptr[i]:queue_ptr[i + 1]] in order."""
+    import numpy as np
+
+    tasks = np.zeros((len(graph.tasks), len(TASK_FIELDS)), np.int32)
+    waits = []
+    for t in graph.tasks:
+        tasks[t.id] = (int(t.kind), t.layer, t.lo, t.hi, t.split, len(waits), len(waits) + len(t.waits), t.signal)
+        waits += t.waits
+    lengths = [len(q) for q in sched.queues]
+    return {
+        "tasks": tasks,
+        "waits": np.asarray(waits, np.int32).reshape(-1, 2),
+        "queue_ptr": np.cumsum([0, *lengths], dtype=np.int64).astype(np.int32),
+        "queue_tasks": np.asarray([t for q in sched.queues for t in q], np.int32),
+        "num_counters": len(graph.counters),
+    }
