@@ -39,7 +39,8 @@ Watchdog (debug=True). Each spin reads `globaltimer` (triton.language.extra.cuda
 other spinning CTA also polls, and returns. The host synchronizes, finds the record set, and raises a RuntimeError
 naming the stuck task and counter with the labels of graph.tasks / graph.counters (the format of check.describe_stuck).
 
-Testing plan. On CPU, the same kernel with grid=(1,) in Triton's interpreter runs all queues concatenated in a global
-topological order (no spinning needed) against interpret.interpret; on the H200, against reference.decode_step at
-bf16 tolerance for several steps with a growing context, then timed against eager, CUDA graph and CUDA graph + PDL.
+Testing plan. On CPU, the same kernel with grid=(1,) in Triton's interpreter runs one queue holding the tasks in
+the order check.run_queues yields (a legal interleaving: no spinning needed) against interpret.interpret; on the H200,
+against reference.decode_step at bf16 tolerance for several steps with a growing context, then timed against eager,
+CUDA graph and CUDA graph + PDL.
 """
