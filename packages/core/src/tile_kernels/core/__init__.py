@@ -3,7 +3,16 @@
 Imports neither torch nor JAX. The adapters `tile_kernels.torch` and `tile_kernels.jax` execute the plans."""
 
 # importing the op modules registers the ops
-from . import cross_entropy, fused_linear_cross_entropy, layer_norm, rms_norm, rotary, softmax, swiglu  # noqa: F401
+from . import (  # noqa: F401
+    cross_entropy,
+    flash_attention,
+    fused_linear_cross_entropy,
+    layer_norm,
+    rms_norm,
+    rotary,
+    softmax,
+    swiglu,
+)
 from .plan import BufferSpec, Launch, Plan, Target, dtype_name
 from .registry import REGISTRY, BadInput, Cost, OpInfo
 

@@ -104,6 +104,14 @@ def _rotary(kwargs) -> Split:
     return Split({"x": "b s h d", "cos": "s e", "sin": "s e"}, ("b s h d",), split=("b", "s", "h"))
 
 
+def _flash_attention(kwargs) -> Split:
+    """Batch, and heads when q and k/v have as many (a GQA group would have to be cut with its key/value head, which
+    one factor per dim cannot say: there only the batch splits); the sequences and the head dim stay whole."""
+    mha = kwargs["q"].shape[2] == kwargs["k"].shape[2]
+    kv = "b t h d" if mha else "b t g d"
+    return Split({"q": "b s h d", "k": kv, "v": kv}, ("b s h d",), split=("b", "h") if mha else ("b",))
+
+
 def _loss(kwargs, args: dict) -> Split:
     reduction = kwargs.get("reduction", "mean")
     if reduction == "none":
@@ -126,6 +134,7 @@ RULES: dict[str, Callable[[Mapping[str, Any]], Split]] = {
     "softmax": _softmax,
     "swiglu": _swiglu,
     "apply_rotary": _rotary,
+    "flash_attention": _flash_attention,
     "cross_entropy": _cross_entropy,
     "fused_linear_cross_entropy": _fused_linear_cross_entropy,
 }

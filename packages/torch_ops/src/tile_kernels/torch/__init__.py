@@ -5,6 +5,7 @@ TRITON_INTERPRET=1 was set before import, and a call raises a clear error otherw
 
 from ._distributed import register_rules
 from .cross_entropy import cross_entropy, cross_entropy_bwd, cross_entropy_fwd
+from .flash_attention import flash_attention, flash_attention_bwd, flash_attention_fwd
 from .fused_linear_cross_entropy import (
     fused_linear_cross_entropy,
     fused_linear_cross_entropy_bwd,
@@ -20,6 +21,7 @@ register_rules()  # DTensor sharding strategies of the ops above (tile_kernels.c
 
 __all__ = [
     "apply_rotary", "apply_rotary_bwd", "apply_rotary_fwd", "cross_entropy", "cross_entropy_bwd", "cross_entropy_fwd",
+    "flash_attention", "flash_attention_bwd", "flash_attention_fwd",
     "fused_linear_cross_entropy", "fused_linear_cross_entropy_bwd", "fused_linear_cross_entropy_fwd",
     "fused_linear_cross_entropy_scale_",
     "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",

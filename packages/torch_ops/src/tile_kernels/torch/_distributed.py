@@ -134,6 +134,28 @@ def register_rules() -> None:
     row_local(ops.cross_entropy_bwd.default, ce_bwd)
     if hasattr(ops, "fused_linear_cross_entropy_fwd"):
         _register_fused_linear_cross_entropy(ops)
+    if hasattr(ops, "flash_attention_fwd"):
+        _register_flash_attention(ops)
+
+
+def _register_flash_attention(ops) -> None:
+    """Batch, and heads when q and k/v have as many (core.sharding); lse (B, Hq, Sq) follows q."""
+
+    def specs(q, k):
+        mha = q.shape[2] == k.shape[2]
+        return "b t h d" if mha else "b t g d", ("b", "h") if mha else ("b",)
+
+    def fwd(q, k, v, *options):
+        kv, split = specs(q, k)
+        return ["b s h d", kv, kv] + [None] * len(options), ["b s h d", "b h s"], split
+
+    def bwd(dout, q, k, v, out, lse, *options):
+        kv, split = specs(q, k)
+        ins = ["b s h d", "b s h d", kv, kv, "b s h d", "b h s"] + [None] * len(options)
+        return ins, ["b s h d", kv, kv], split
+
+    row_local(ops.flash_attention_fwd.default, fwd)
+    row_local(ops.flash_attention_bwd.default, bwd)
 
 
 def _register_fused_linear_cross_entropy(ops) -> None:

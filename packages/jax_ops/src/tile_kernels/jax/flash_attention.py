@@ -1,0 +1,98 @@
+"""JAX adapter of tile_kernels.core.flash_attention: custom_vjp for grad (the forward's lse saved as a residual),
+custom_vmap for vmap (the vmapped axis folds into the batch: one launch per kernel)."""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import jax
+
+from tile_kernels.core import dtype_name, sharding
+from tile_kernels.core import flash_attention as core
+
+from ._runtime import mode, problem_batched, run_plan, target
+from ._sharding import row_local
+
+
+def _layout(heads_q: int, heads_k: int) -> tuple[str, list[str]]:
+    """The key/value spec and split factors of core.sharding's rule (it reads only the head counts)."""
+    shapes = {"q": SimpleNamespace(shape=(0, 0, heads_q, 0)), "k": SimpleNamespace(shape=(0, 0, heads_k, 0))}
+    rule = sharding.rule(core.NAME, shapes)
+    return rule.args["k"], list(rule.split)
+
+
+def _problem(a: jax.Array) -> jax.Array:
+    """(P, B, S, H, D) -> (P * B, S, H, D): vmapped problems are more batch entries."""
+    return a.reshape((a.shape[0] * a.shape[1],) + a.shape[2:])
+
+
+@functools.cache
+def _forward_call(causal: bool, window: tuple[int, int], scale: float, softcap: float, heads_q: int, heads_k: int):
+    def call(q5, k5, v5):  # (P, B, S, H, D)
+        kind = mode(core.NAME)
+        problems, batch, seqlen_q, hq, head_dim = q5.shape
+        plan = core.forward(problems * batch, seqlen_q, k5.shape[2], hq, k5.shape[3], head_dim,
+                            dtype=dtype_name(q5.dtype), causal=causal, window=window, scale=scale, softcap=softcap,
+                            target=target(kind))  # fmt: skip
+        out, lse = run_plan(plan, kind, _problem(q5), _problem(k5), _problem(v5))
+        return [out.reshape(q5.shape), lse.reshape((problems, batch, hq, seqlen_q))]
+
+    kv, split = _layout(heads_q, heads_k)
+    rule = row_local(core.NAME, call, ["p b s h d", f"p {kv}", f"p {kv}"], ["p b s h d", "p b h s"], split)
+    return problem_batched(rule, shareable=(False, False, False))
+
+
+@functools.cache
+def _backward_call(causal: bool, window: tuple[int, int], scale: float, softcap: float, heads_q: int, heads_k: int):
+    def call(q5, k5, v5, out5, do5, lse4):
+        kind = mode(core.NAME)
+        problems, batch, seqlen_q, hq, head_dim = q5.shape
+        plan = core.backward(problems * batch, seqlen_q, k5.shape[2], hq, k5.shape[3], head_dim,
+                             dtype=dtype_name(q5.dtype), causal=causal, window=window, scale=scale, softcap=softcap,
+                             target=target(kind))  # fmt: skip
+        lse = lse4.reshape((problems * batch,) + lse4.shape[2:])
+        dq, dk, dv = run_plan(plan, kind, *map(_problem, (q5, k5, v5, out5, do5)), lse)
+        return [dq.reshape(q5.shape), dk.reshape(k5.shape), dv.reshape(v5.shape)]
+
+    kv, split = _layout(heads_q, heads_k)
+    ins = ["p b s h d", f"p {kv}", f"p {kv}", "p b s h d", "p b s h d", "p b h s"]
+    rule = row_local(core.NAME, call, ins, ["p b s h d", f"p {kv}", f"p {kv}"], split)
+    return problem_batched(rule, shareable=(False,) * 6)
+
+
+def _options(q, k, causal, window, scale, softcap):
+    return causal, window, scale, softcap, q.shape[2], k.shape[2]
+
+
+def _forward(q, k, v, causal, window, scale, softcap):
+    out, lse = _forward_call(*_options(q, k, causal, window, scale, softcap))(q[None], k[None], v[None])
+    return out[0], (q, k, v, out[0], lse[0])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _flash_attention(q, k, v, causal, window, scale, softcap):
+    return _forward(q, k, v, causal, window, scale, softcap)[0]
+
+
+def _flash_attention_bwd(causal, window, scale, softcap, saved, dout):
+    q, k, v, out, lse = saved
+    call = _backward_call(*_options(q, k, causal, window, scale, softcap))
+    dq, dk, dv = call(q[None], k[None], v[None], out[None], dout.astype(q.dtype)[None], lse[None])
+    return dq[0], dk[0], dv[0]
+
+
+_flash_attention.defvjp(_forward, _flash_attention_bwd)
+
+
+def flash_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, causal: bool = False, window: tuple[int, int] = (-1, -1),
+    softmax_scale: float | None = None, softcap: float = 0.0,
+) -> jax.Array:  # fmt: skip
+    """Attention of q (B, Sq, Hq, D) over k, v (B, Sk, Hk, D), Hq % Hk == 0; causal aligned bottom-right; window
+    (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
+    with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D)."""
+    core.check(q, k, v, causal, window, softmax_scale, softcap)
+    scale = core.default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    window = (int(window[0]), int(window[1]))
+    return _flash_attention(q, k, v, bool(causal), window, scale, float(softcap))

@@ -1,0 +1,91 @@
+"""torch adapter of tile_kernels.core.flash_attention: ops tile_kernels::flash_attention_fwd / _bwd with autograd.
+
+The forward op returns (out, lse); lse (B, Hq, Sq) fp32 (base 2, +inf for rows that see no key) is what the backward
+needs and is saved by autograd, not exposed by the public function."""
+
+from __future__ import annotations
+
+import torch
+from torch.library import triton_op
+
+from tile_kernels.core import dtype_name
+from tile_kernels.core import flash_attention as core
+
+from ._runtime import check_device, register_public_op, run_plan, target
+
+
+def _bshd(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """t (B, S, H, D) with unit head-dim stride (copied only if it has none) and its (batch, seq, head) strides."""
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        t = t.contiguous()
+    return t, tuple(t.stride()[:3])
+
+
+def _settings(q, k, v, causal, left, right, scale, softcap):
+    (q, sq), (k, sk), (v, sv) = _bshd(q), _bshd(k), _bshd(v)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    settings = dict(dtype=dtype_name(q.dtype), causal=causal, window=(left, right), scale=scale, softcap=softcap,
+                    target=target(q.device), strides_q=sq, strides_k=sk, strides_v=sv)  # fmt: skip
+    return (batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim), settings, (q, k, v)
+
+
+@triton_op("tile_kernels::flash_attention_fwd", mutates_args=())
+def flash_attention_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window_left: int, window_right: int,
+    softmax_scale: float, softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Returns (out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32)."""
+    sizes, settings, qkv = _settings(q, k, v, causal, window_left, window_right, softmax_scale, softcap)
+    out, lse = run_plan(core.forward(*sizes, **settings), *qkv, device=q.device)
+    return out, lse
+
+
+@triton_op("tile_kernels::flash_attention_bwd", mutates_args=())
+def flash_attention_bwd(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    causal: bool, window_left: int, window_right: int, softmax_scale: float, softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Returns (dq, dk, dv), shaped as q, k, v."""
+    sizes, settings, qkv = _settings(q, k, v, causal, window_left, window_right, softmax_scale, softcap)
+    plan = core.backward(*sizes, **settings)
+    dq, dk, dv = run_plan(plan, *qkv, out.contiguous(), dout.contiguous(), lse.contiguous(), device=q.device)
+    return dq, dk, dv
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *ctx.options = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+
+
+def _backward(ctx, dout, _dlse):
+    dq, dk, dv = flash_attention_bwd(dout, *ctx.saved_tensors, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None
+
+
+flash_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, window: tuple[int, int] = (-1, -1),
+    softmax_scale: float | None = None, softcap: float = 0.0,
+) -> torch.Tensor:  # fmt: skip
+    """Attention of q (B, Sq, Hq, D) over k, v (B, Sk, Hk, D), Hq % Hk == 0; causal aligned bottom-right; window
+    (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
+    with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D)."""
+    core.check(q, k, v, causal, window, softmax_scale, softcap)
+    check_device(core.NAME, q=q, k=k, v=v)
+    scale = core.default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    left, right = (int(w) for w in window)
+    return flash_attention_fwd(q, k, v, bool(causal), left, right, scale, float(softcap))[0]
+
+
+def _public(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0):
+    return flash_attention(q, k, v, causal, tuple(window), softmax_scale, softcap)
+
+
+register_public_op(
+    "flash_attention(Tensor q, Tensor k, Tensor v, bool causal=False, int[2] window=[-1, -1], "
+    "float? softmax_scale=None, float softcap=0.0) -> Tensor",
+    _public,
+)
