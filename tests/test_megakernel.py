@@ -3,6 +3,7 @@ the reference interpreter, under random legal interleavings of the per-SM queues
 over several steps with a growing context."""
 
 import math
+import os
 import random
 
 import numpy as np
@@ -371,3 +372,42 @@ def test_build_decode_step_interpreter_and_errors():
         step(torch.zeros(12), cache, 6)
     with pytest.raises(ValueError, match=r"kv_cache must be \(2, 2, 6, 2, 4\), got"):
         step(torch.zeros(12), cache[:, :, :5], 0)
+
+
+# ------------------------------------------------------------------------------- the persistent kernel's task bodies
+
+
+@given(problems(max_layers=2), st.integers(0, 2**31 - 1))
+def test_kernel_task_bodies_match_the_interpreter(problem, seed):
+    """NORM, QKV, OPROJ, GATEUP and DOWN of the Triton kernel (grid=(1,), Triton's interpreter on CPU) recompute their
+    buffers, NaN-poisoned first, from the interpreter's ROPE/ATTN outputs, in a legal interleaving of the queues."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the CPU suite runs the kernel in Triton's interpreter")
+    from tile_kernels.megakernel.check import run_queues
+    from tile_kernels.megakernel.kernel import SUPPORTED, run_tasks
+
+    config, tiling, num_sms = problem
+    graph, sched = built(config, tiling, num_sms)
+    packed = pack_weights(config, layer_weights(config, random_weights(config, seed, torch.float32)))
+    gen = torch.Generator().manual_seed(seed)
+    want: dict = {}
+    position = config.max_seq - 1
+    cache = torch.randn(config.kv_cache_shape(), generator=gen)
+    interpret(
+        graph,
+        sched,
+        packed,
+        torch.randn(config.hidden, generator=gen),
+        cache,
+        position,
+        dtype=torch.float32,
+        buffers=want,
+    )
+    got = {name: t.clone() for name, t in want.items()}
+    written = {r.buffer for t in graph.tasks if t.kind in SUPPORTED for r in t.writes}
+    for name in written:
+        got[name].fill_(torch.nan)
+    order, _ = run_queues(graph, sched.queues, pick=random.Random(seed).choice)
+    run_tasks(graph, got, [i for i in order if graph.tasks[i].kind in SUPPORTED])
+    for name in sorted(written):
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=name)

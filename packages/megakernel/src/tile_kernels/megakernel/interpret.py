@@ -79,6 +79,7 @@ def interpret(
     position: int,
     rng: random.Random | int | None = None,
     dtype: torch.dtype = torch.float64,
+    buffers: dict | None = None,
 ) -> torch.Tensor:
     """Runs one decode step: writes kv_cache[:, :, position] in place, returns the new hidden (shape of `hidden`).
     `packed` is graph.pack_weights' output; everything is computed in `dtype`. Raises DeadlockError, naming each stuck
@@ -102,4 +103,6 @@ def interpret(
     cos, sin = rope_cos_sin(c, position, dtype)
     for tid in order:
         _run_task(c, graph.tiling.kv_splits, graph.tasks[tid], bufs, kv_cache, position, cos, sin)
+    if buffers is not None:
+        buffers.update(bufs)
     return bufs[graph.output].to(hidden.dtype).reshape(hidden.shape)
