@@ -42,7 +42,10 @@ OPTIONS = {
     "cross_entropy": {"reduction": "mean", "label_smoothing": 0.0, "ignore": True},
     "apply_rotary": {"interleaved": False, "fp32_tables": True},
     "fused_linear_cross_entropy": {"reduction": "mean", "dim": 4096},
+    "flash_attention": {"causal": False, "window": False, "gqa": 1, "cross": False, "softcap": False},
 }
+# Variants of OPTIONS benchmarked as separate cases, named by a tag after the shape.
+VARIANTS = {"flash_attention": {"": {}, " causal": {"causal": True}}}
 
 
 def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
@@ -53,6 +56,8 @@ def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
         return [(4, max(1, elements // (4 * 32 * d)), 32, d) for d in (64, 128)]
     if op == "fused_linear_cross_entropy":
         return [(max(1, elements // (1 << 13)), 128256)]  # 8192 tokens at the default size
+    if op == "flash_attention":  # (B, S, H, D): 4 x 8192 tokens of 32 heads of 128 at the default size
+        return [(4, max(64, elements // (1 << 13)), 32, 128)]
     return [(max(1, elements // w), w) for w in widths]
 
 
@@ -63,6 +68,7 @@ class Case:
     dtype: str
     kwargs: dict  # NumPy arrays and attributes, as OpInfo.sample returns them
     cost: tuple[Cost, Cost]  # forward, backward
+    tag: str = ""  # the VARIANTS entry, shown after the shape
 
 
 @dataclass
@@ -127,8 +133,9 @@ def cases(ops, widths, dtypes, elements: int, seed: int = 0) -> Iterator[Case]:
         info = REGISTRY[op]
         for shape in shapes(op, widths, elements):
             for dtype in dtypes:
-                kwargs = info.sample(rng, shape, dtype, **OPTIONS.get(op, {}))
-                yield Case(op, shape, dtype, kwargs, info.cost(kwargs))
+                for tag, extra in VARIANTS.get(op, {"": {}}).items():
+                    kwargs = info.sample(rng, shape, dtype, **{**OPTIONS.get(op, {}), **extra})
+                    yield Case(op, shape, dtype, kwargs, info.cost(kwargs), tag)
 
 
 def records(case: Case, timings: list[Timing], ceilings: Ceilings) -> list[Record]:
@@ -141,7 +148,7 @@ def records(case: Case, timings: list[Timing], ceilings: Ceilings) -> list[Recor
             ms = getattr(t, f"{direction}_ms")
             if ms is None and (not t.note or direction == "step"):
                 continue
-            r = Record(case.op, "x".join(map(str, case.shape)), case.dtype, direction, t.impl, ms,
+            r = Record(case.op, "x".join(map(str, case.shape)) + case.tag, case.dtype, direction, t.impl, ms,
                        peak_mib=t.peak_mib, note=t.note)  # fmt: skip
             if ms:
                 ref = compiled and getattr(compiled, f"{direction}_ms")
@@ -166,7 +173,8 @@ def summary_line(case: Case, timings: list[Timing], ceilings: Ceilings) -> str:
         pct = 100 * ceilings.floor_ms(case.cost[0]) / t.fwd_ms
         bwd = f"/{100 * ceilings.floor_ms(case.cost[1]) / t.bwd_ms:.0f}" if t.bwd_ms and t.bwd_ms > 0 else ""
         parts.append(f"{t.impl} {pct:.0f}{bwd}%" + (f" step {t.step_ms:.3g} ms" if t.step_ms else ""))
-    return f"{case.op} {case.dtype} {'x'.join(map(str, case.shape))} (fwd/bwd of ceiling): " + ", ".join(parts)
+    shape = "x".join(map(str, case.shape)) + case.tag
+    return f"{case.op} {case.dtype} {shape} (fwd/bwd of ceiling): " + ", ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------------ outputs

@@ -78,8 +78,28 @@ def fused_linear_cross_entropy(hidden, weight, target, ignore_index=-100, reduct
     return cross_entropy(hidden @ weight.T, target, ignore_index, reduction)
 
 
+def flash_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0):
+    """jax.nn.dot_product_attention (XLA; GQA native, same (B, S, H, D) layout); windows, softcap and bottom-right
+    causal with Sq != Sk through an explicit mask (rows that see no key give 0)."""
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    if softcap == 0 and tuple(window) == (-1, -1) and (not causal or seqlen_q == seqlen_k):
+        return jax.nn.dot_product_attention(q, k, v, scale=softmax_scale, is_causal=causal)
+    group = q.shape[2] // k.shape[2]
+    kf, vf = (jnp.repeat(t, group, axis=2).astype(jnp.float32) for t in (k, v))
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kf) * scale
+    if softcap > 0:
+        s = softcap * jnp.tanh(s / softcap)
+    i = jnp.arange(seqlen_q)[:, None] + seqlen_k - seqlen_q
+    j = jnp.arange(seqlen_k)[None, :]
+    left, right = window[0], 0 if causal else window[1]
+    seen = ((j >= i - left) | (left < 0)) & ((j <= i + right) | (right < 0))
+    p = jnp.nan_to_num(jax.nn.softmax(jnp.where(seen, s, -jnp.inf), axis=-1), nan=0.0)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, vf).astype(q.dtype)
+
+
 REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
-                                     fused_linear_cross_entropy)}  # fmt: skip
+                                     fused_linear_cross_entropy, flash_attention)}  # fmt: skip
 
 
 def _pallas(op: str):

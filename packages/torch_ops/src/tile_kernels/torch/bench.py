@@ -67,8 +67,28 @@ def fused_linear_cross_entropy(hidden, weight, target, ignore_index=-100, reduct
     return F.cross_entropy(hidden @ weight.T, target, ignore_index=ignore_index, reduction=reduction)
 
 
+def flash_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0):
+    """F.scaled_dot_product_attention (cuDNN / flash backends on a GPU) with the key/value heads expanded for GQA;
+    windows, softcap and bottom-right causal with Sq != Sk through an explicit mask (rows that see no key give 0)."""
+    group = q.shape[2] // k.shape[2]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)))
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    if softcap == 0 and tuple(window) == (-1, -1) and (not causal or seqlen_q == seqlen_k):
+        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=softmax_scale).transpose(1, 2)
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    s = (qt.float() @ kt.float().transpose(-1, -2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(seqlen_q, device=q.device)[:, None] + seqlen_k - seqlen_q
+    j = torch.arange(seqlen_k, device=q.device)[None, :]
+    left, right = window[0], 0 if causal else window[1]
+    seen = ((j >= i - left) | (left < 0)) & ((j <= i + right) | (right < 0))
+    p = torch.softmax(s.masked_fill(~seen, float("-inf")), -1).nan_to_num(0.0)
+    return (p @ vt.float()).to(q.dtype).transpose(1, 2)
+
+
 EAGER = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
-                                  fused_linear_cross_entropy)}  # fmt: skip
+                                  fused_linear_cross_entropy, flash_attention)}  # fmt: skip
 
 
 def _liger(op: str):
