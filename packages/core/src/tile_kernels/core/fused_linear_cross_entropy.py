@@ -23,12 +23,18 @@ Chunk size: C = N*D/V rows (a chunk of logits as large as hidden), clamped to [1
 to N/2 (the (N, V) logits are never allocated whole), then evened out over the chunks. The lower clamp is for speed:
 step 4 reads and writes all of dweight (V x D) per chunk, 4*V*D bytes against 2*V*D*C flops, which stays
 compute-bound on an H200 (~190 flop/byte) only for C above ~400; 1024 also gives the step-1/3 GEMMs enough rows to
-fill the GPU. Memory beyond the inputs: one chunk of logits (C x V), dhidden and dweight (input dtype); at N = 8192,
-D = 4096, V = 128K in bf16: 256 MiB + 64 MiB + 1 GiB, against ~6 GiB for the unfused torch forward + backward
-(logits, log-softmax and two (N, V) gradients). Limits: dweight accumulates across chunks in the input dtype (one
-rounding per chunk, as a GEMM with beta = 1: an fp32 accumulator would cost 4*V*D bytes, 2 GiB at that shape); the
-sum/mean backward updates the saved gradients in place, so a second backward through the same graph (retain_graph)
-is refused by torch's saved-tensor version check. Under JAX's vmap the problems run one after the other.
+fill the GPU.
+
+Memory beyond the inputs (`peak_bytes`): the plans' buffers, nothing else: GEMMs write into them (no matmul output
+copied in, no fp32 copies), the logits chunk is in the input dtype, and the torch autograd node hands out only the
+loss and the count (so autograd creates no zero cotangents of the (V, D) gradient buffers). For sum/mean the peak is
+the end of the training forward: one chunk of logits (C x V), dhidden and dweight; at N = 8192, D = 4096, V = 128256
+in bf16, C = 1024: 250.5 + 64 + 1002 MiB = 1317 MiB, 0.22x the 6012 MiB (three (N, V) buffers: logits, log-softmax,
+dlogits) of the unfused torch forward + backward; C = 2048 would pass a quarter of it (1567 MiB), so the lower clamp
+is also the largest chunk that stays under. Limits: dweight accumulates across chunks in the input dtype (one rounding
+per chunk, as a GEMM with beta = 1: an fp32 accumulator would cost 4*V*D bytes, 2 GiB at that shape); the sum/mean
+backward updates the saved gradients in place, so a second backward through the same graph (retain_graph) is refused
+by torch's saved-tensor version check. Under JAX's vmap the problems run one after the other.
 """
 
 from __future__ import annotations
@@ -207,6 +213,22 @@ def scale_gradients(n_hidden: int, n_weight: int, *, dtype: str, reduction: str,
     )  # fmt: skip
     inputs = {"dloss": dtype, "count": "float32", "dhidden": dtype, "dweight": dtype}
     return Plan(inputs, {}, steps, ("dhidden", "dweight"))
+
+
+def peak_bytes(
+    n_rows: int, n_classes: int, dim: int, *, dtype: str, reduction: str, chunk_size: int | None = None
+) -> int:
+    """Bytes that a training step (forward, then backward of both gradients) holds at its peak beyond its inputs
+    and the cotangent: during the forward all of its buffers; during the backward the forward's outputs (the sum/mean
+    gradients, or the 'none' loss and lse) and the backward's buffers (none for sum/mean, which scales in place)."""
+    kw = dict(dtype=dtype, target_dtype="int64", ignore_index=-100, chunk_size=chunk_size, target=Target())
+    fwd = forward(n_rows, n_classes, dim, reduction=reduction, grad_hidden=True, grad_weight=True, **kw)
+    if reduction == "none":
+        bwd = backward(n_rows, n_classes, dim, grad_hidden=True, grad_weight=True, **kw)
+    else:
+        bwd = scale_gradients(n_rows * dim, n_classes * dim, dtype=dtype, reduction=reduction, target=Target())
+    kept = sum(fwd.buffers[name].nbytes for name in fwd.outputs)
+    return max(sum(s.nbytes for s in fwd.buffers.values()), kept + sum(s.nbytes for s in bwd.buffers.values()))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

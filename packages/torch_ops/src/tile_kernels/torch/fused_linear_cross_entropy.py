@@ -2,8 +2,17 @@
 
 Ops: tile_kernels::fused_linear_cross_entropy_fwd (the chunked forward; for sum/mean with gradients wanted it also
 returns the unscaled gradients), fused_linear_cross_entropy_bwd (reduction 'none': recomputes the chunks),
-fused_linear_cross_entropy_scale_ (sum/mean: scales the forward's gradients in place by the cotangent) and the public
-composite tile_kernels::fused_linear_cross_entropy."""
+fused_linear_cross_entropy_scale_ (sum/mean: scales gradients in place by the cotangent) and the public composite
+tile_kernels::fused_linear_cross_entropy, differentiable through `_FusedLinearCrossEntropy`.
+
+Why an autograd.Function and not register_autograd on the _fwd op: the sum/mean backward scales the forward's gradient
+buffers in place (a second (V, D) buffer would cost as much as dweight). Those buffers must then be private to the
+autograd node. Had the _fwd op's autograd saved its own outputs dhidden / dweight and scaled them, the caller of the
+op would see its outputs change after backward in eager mode but not under torch.compile (AOTAutograd functionalizes
+the backward's mutation), and opcheck's AOT-dispatch test fails. Here the _fwd op is a plain function (no autograd
+formula: backward through it is an error), and the node returns only the loss and the count; the gradient buffers are
+its intermediates. The node also leaves autograd nothing to fill with zeros: a cotangent for each (V, D) output that
+nobody differentiates would have cost as much as the gradients themselves."""
 
 from __future__ import annotations
 
@@ -29,7 +38,8 @@ def fused_linear_cross_entropy_fwd(
     chunk_size: int | None, grad_hidden: bool, grad_weight: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Returns (loss, lse, count, dhidden, dweight): loss () or (N,) in hidden's dtype; lse (N,) and count (1,) fp32;
-    for sum/mean the gradients for a unit cotangent where grad_* asks for them, else (0, D) placeholders."""
+    for sum/mean the gradients for a unit cotangent where grad_* asks for them, else (0, D) placeholders. Not
+    differentiable itself (see the module docstring): the public op is."""
     rows, dim = hidden.shape
     plan = core.forward(rows, weight.shape[0], dim, reduction=reduction, grad_hidden=grad_hidden,
                         grad_weight=grad_weight, **_settings(hidden, target, ignore_index, chunk_size))  # fmt: skip
@@ -62,35 +72,38 @@ def fused_linear_cross_entropy_scale_(
     run_plan(plan, dloss.reshape(1), count, dhidden, dweight, device=dhidden.device)
 
 
-def _setup_context(ctx, inputs, output):
-    hidden, weight, target, ctx.ignore_index, ctx.reduction, ctx.chunk_size, *ctx.computed = inputs
-    _, lse, count, dhidden, dweight = output
-    ctx.mark_non_differentiable(lse, count, dhidden, dweight)  # returned as gradients: they must carry no graph
-    if ctx.reduction == "none":
-        ctx.save_for_backward(hidden, weight, target, lse)
-    else:
-        ctx.save_for_backward(count, dhidden, dweight)
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """(loss, count) of fused_linear_cross_entropy_fwd, differentiable in hidden and weight (count, the rows that count,
+    is not). For sum/mean the forward computes the gradients of a unit cotangent and keeps them (intermediates of this
+    node, never handed to the caller); the backward scales them in place and returns them: no second copy, and a
+    second backward through the same graph (retain_graph) is refused by torch's saved-tensor version check. For 'none'
+    the backward recomputes the chunks."""
 
-
-def _backward(ctx, dloss, _dlse, _dcount, _ddhidden, _ddweight):
-    want_hidden, want_weight = ctx.needs_input_grad[:2]
-    if ctx.reduction == "none":
-        hidden, weight, target, lse = ctx.saved_tensors
-        dhidden, dweight = fused_linear_cross_entropy_bwd(
-            dloss, hidden, weight, target, lse, ctx.ignore_index, ctx.chunk_size, want_hidden, want_weight
+    @staticmethod
+    def forward(ctx, hidden, weight, target, ignore_index, reduction, chunk_size, grad_hidden, grad_weight):
+        ctx.ignore_index, ctx.reduction, ctx.chunk_size = ignore_index, reduction, chunk_size
+        fused = reduction != "none"
+        loss, lse, count, dhidden, dweight = fused_linear_cross_entropy_fwd(
+            hidden, weight, target, ignore_index, reduction, chunk_size, fused and grad_hidden, fused and grad_weight
         )
-    else:  # the forward computed them; scaled in place: no second (V, D) buffer
-        if (want_hidden and not ctx.computed[0]) or (want_weight and not ctx.computed[1]):
-            raise RuntimeError(
-                f"{core.NAME}_fwd was called with grad_hidden={ctx.computed[0]}, grad_weight={ctx.computed[1]}, but "
-                f"autograd needs (hidden, weight) = {(want_hidden, want_weight)}: call the public op, which sets them"
+        ctx.save_for_backward(*((count, dhidden, dweight) if fused else (hidden, weight, target, lse)))
+        ctx.mark_non_differentiable(count)
+        ctx.set_materialize_grads(False)  # no zeros for count's gradient
+        return loss, count
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dloss, _dcount):
+        want_hidden, want_weight = ctx.needs_input_grad[:2]
+        if ctx.reduction == "none":
+            hidden, weight, target, lse = ctx.saved_tensors
+            dhidden, dweight = fused_linear_cross_entropy_bwd(
+                dloss, hidden, weight, target, lse, ctx.ignore_index, ctx.chunk_size, want_hidden, want_weight
             )
-        count, dhidden, dweight = ctx.saved_tensors
-        fused_linear_cross_entropy_scale_(dloss, count, dhidden, dweight, ctx.reduction)
-    return dhidden if want_hidden else None, dweight if want_weight else None, None, None, None, None, None, None
-
-
-fused_linear_cross_entropy_fwd.register_autograd(_backward, setup_context=_setup_context)
+        else:  # the forward's gradients, scaled in place
+            count, dhidden, dweight = ctx.saved_tensors
+            fused_linear_cross_entropy_scale_(dloss, count, dhidden, dweight, ctx.reduction)
+        return dhidden if want_hidden else None, dweight if want_weight else None, *(None,) * 6
 
 
 def fused_linear_cross_entropy(
@@ -105,11 +118,15 @@ def fused_linear_cross_entropy(
     grad = torch.is_grad_enabled()
     chunk = None if chunk_size is None else int(chunk_size)
     wants = (grad and hidden.requires_grad, grad and weight.requires_grad)
-    if reduction == "mean" and is_dtensor(hidden):  # rows may be split: the summed loss over the summed count
-        loss, _, count, _, _ = fused_linear_cross_entropy_fwd(hidden, weight, target, int(ignore_index), "sum", chunk,
-                                                              *wants)  # fmt: skip
+    summed = reduction == "mean" and is_dtensor(hidden)  # rows may be split: the summed loss over the summed count
+    args = (hidden, weight, target, int(ignore_index), "sum" if summed else reduction, chunk)
+    if any(wants):
+        loss, count = _FusedLinearCrossEntropy.apply(*args, *wants)
+    else:  # no graph to record: the forward alone
+        loss, _, count, _, _ = fused_linear_cross_entropy_fwd(*args, False, False)
+    if summed:
         return (loss.float() / replicated(count.detach().view(()))).to(hidden.dtype)  # one all-reduce (the count)
-    return fused_linear_cross_entropy_fwd(hidden, weight, target, int(ignore_index), reduction, chunk, *wants)[0]
+    return loss
 
 
 register_public_op(
