@@ -7,6 +7,7 @@ import functools
 import math
 
 import torch
+from torch._functorch import config as functorch_config
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import wrap_triton
 
@@ -15,6 +16,12 @@ from tile_kernels.core.host import interpreting, poisoning
 from tile_kernels.core.plan import Gemm, resolve
 
 _LIBRARY = torch.library.Library("tile_kernels", "FRAGMENT")
+
+if interpreting() and hasattr(functorch_config, "decompose_custom_triton_ops"):
+    # AOTAutograd would trace the triton ops' bodies with fake tensors, on which the interpreter launches nothing
+    # (run_plan returns the unwritten buffers): a compiled graph would return uninitialized memory. Kept as graph
+    # nodes, the ops run the interpreted kernels when the graph runs.
+    functorch_config.decompose_custom_triton_ops = False
 
 
 def register_public_op(schema: str, fn) -> None:

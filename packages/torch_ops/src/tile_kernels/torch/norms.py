@@ -138,10 +138,12 @@ def _rms_setup_context(ctx, inputs, output):
     _, h, rstd = output
     ctx.has_residual, ctx.backend = residual is not None, backend
     ctx.save_for_backward(h if ctx.has_residual else x, weight, rstd)
+    ctx.set_materialize_grads(False)  # an unused h gets None, not a zero tensor the size of x
 
 
 def _rms_backward(ctx, dy, dh, _drstd):
     h, weight, rstd = ctx.saved_tensors
+    dy = torch.zeros_like(h) if dy is None else dy  # only h was used
     dh = dh if ctx.has_residual and dh is not None else None
     dx, dweight = rms_norm_bwd(dy, h, weight, rstd, dh, ctx.backend)
     return dx, dweight, (dx if ctx.has_residual else None), None, None
@@ -190,10 +192,12 @@ def _layer_setup_context(ctx, inputs, output):
     _, h, mean, rstd = output
     ctx.has_residual, ctx.has_bias = residual is not None, bias is not None
     ctx.save_for_backward(h if ctx.has_residual else x, weight, mean, rstd)
+    ctx.set_materialize_grads(False)  # an unused h gets None, not a zero tensor the size of x
 
 
 def _layer_backward(ctx, dy, dh, _dmean, _drstd):
     h, weight, mean, rstd = ctx.saved_tensors
+    dy = torch.zeros_like(h) if dy is None else dy  # only h was used
     dh = dh if ctx.has_residual and dh is not None else None
     dx, dweight, dbias = layer_norm_bwd(dy, h, weight, mean, rstd, dh, ctx.has_bias)
     return dx, dweight, (dbias if ctx.has_bias else None), (dx if ctx.has_residual else None), None
