@@ -18,7 +18,7 @@ Kernels (fp32 accumulation, the log-sum-exp kept in base 2 internally):
     a dQ kernel (one program per BLOCK_M queries, looping over key blocks as the forward).
 The window is passed as runtime integers (unbounded = Sq + Sk), so causal / windowed / full attention share one
 compiled kernel; only softcap and the dtype's dot precision (IEEE for float32, no TF32) are compile-time switches.
-Head dims up to 256, padded to a power of two >= 16 (EVEN_D when the head dim is one). Offsets of (batch, head)
+Head dims up to 256, padded to a power of two >= 32 (EVEN_D when the head dim is one). Offsets of (batch, head)
 bases are 64-bit; in-sequence offsets are 32-bit (a (S, H, D) slice of one batch up to 2^31 elements).
 Block configurations: a few per head-dim bucket and dtype (`configs`), the first being the default; plans(target)
 enumerates all of them for the AOT matrix (the set an autotuner on the device may choose from).
@@ -607,7 +607,7 @@ def _shared(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype, causal
     args = [seqlen_q, seqlen_k, heads_q, heads_k, head_dim,
             *_strides(strides_q, seqlen_q, heads_q, head_dim), *_strides(strides_k, seqlen_k, heads_k, head_dim),
             *_strides(strides_v, seqlen_k, heads_k, head_dim), scale, float(softcap) or 1.0, left, right]  # fmt: skip
-    block_d = max(16, next_power_of_2(head_dim))
+    block_d = max(32, next_power_of_2(head_dim))
     # IEEE dots for float32 (no TF32), and for bfloat16 in Triton's interpreter, whose tl.dot multiplies bfloat16
     # tiles as their raw 16-bit patterns (triton 3.9): upcast there (exact products, fp32 sums as on the GPU)
     ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())
@@ -803,7 +803,7 @@ def plans(target: Target):
     """Every configuration the plans can launch: each dtype, head-dim bucket (padded or not), softcap; the alternative
     block configurations (for an autotuner on the device) at the power-of-two head dims 64, 128 and 256."""
     for dtype in FLOAT_DTYPES:
-        for head_dim in (8, 16, 24, 32, 40, 64, 96, 128, 192, 256):
+        for head_dim in (16, 32, 40, 64, 96, 128, 192, 256):
             for softcap in (0.0, 1.0):
                 for direction, build in (("fwd", forward), ("bwd", backward)):
                     count = len(configs(direction, head_dim, dtype, target)) if head_dim in (64, 128, 256) else 1
