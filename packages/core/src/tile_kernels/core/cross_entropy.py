@@ -6,10 +6,15 @@
 Backward, with g the row's cotangent (dloss, or dloss / count for mean, 0 for ignored rows):
     dlogits = g * (softmax(x) - (1 - eps) * onehot(target) - eps / V)
 
-Rows of up to MAX_ROW_BLOCK classes are read once into registers; wider vocabularies (128K) are streamed with an
-online max/sum. The backward recomputes softmax from the saved lse, fully parallel over (row, vocabulary block). A
-target outside [0, V) that is not ignore_index gives a NaN loss (no host sync to raise an error). `batch`
-independent problems (a JAX vmap folded into one launch) each reduce over their own rows.
+Forward: rows of up to MAX_ROW_BLOCK classes are read once into registers, in tiles of TILE elements (several
+narrow rows a tile) by a persistent grid of programs that load the next tile while the current one reduces (max,
+then sum of exp); x[target] is gathered, not reduced. Wider vocabularies (128K) are streamed with an online max /
+sum, one row a program step. A reduction ('mean' / 'sum') is a second, one-program launch over the per-row losses.
+Bytes per logit (s = element size; design limit): forward s, plus per row the target read and 12 bytes written
+(loss, lse, valid flag; the reduction reads 8 of them again), backward 2s. The backward recomputes softmax from the
+saved lse, fully parallel over (row, vocabulary block). A target outside [0, V) that is not ignore_index gives a NaN
+loss (no host sync to raise an error). `batch` independent problems (a JAX vmap folded into one launch) each reduce
+over their own rows.
 
 The forward kernel can also write dlogits for a unit cotangent per row (0 for ignored rows; WRITE_GRAD), over the
 logits in place: fused_linear_cross_entropy uses it on each chunk of logits, so that the gradient costs no second
@@ -26,11 +31,13 @@ import triton.language as tl
 from . import checks
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Rows, Target, cdiv, dtype_name, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, register, round_to
-from .rows import WIDTH_BUCKETS, online_max_sum_step, online_max_sum_total, row_block
+from .rows import WIDTH_BUCKETS, online_max_sum_step, online_max_sum_total, programs_per_problem, row_block
 
 NAME = "cross_entropy"
 REDUCTIONS = ("none", "sum", "mean")
 TARGET_DTYPES = ("int32", "int64")
+TILE = 4096  # elements of a forward tile: narrow rows are read several at a time
+REDUCE_BLOCK = 16384  # row losses a step of the loss reduction (one step at 16K rows)
 
 
 @triton.jit
@@ -43,66 +50,113 @@ def _dlogits(x, lse, cols, t, smoothing, V, SMOOTH: tl.constexpr):
 
 
 @triton.jit
-def cross_entropy_fwd_kernel(
-    LOGITS, TARGET, rows, V, stride_row, ignore_index, smoothing,
-    LOSS, LSE, VALID, DLOGITS,
-    BLOCK_V: tl.constexpr, ONE_BLOCK: tl.constexpr, SMOOTH: tl.constexpr, HAS_VALID: tl.constexpr,
-    WRITE_GRAD: tl.constexpr,
-):  # fmt: skip
-    """Grid (rows, batch): one program per row; LOSS gets the row's loss (0 when ignored), LSE its log-sum-exp,
-    VALID (for a reduction) 1.0 or 0.0 for an ignored row. With WRITE_GRAD, DLOGITS (rows of V, may be LOGITS itself)
-    gets the row's gradient for a unit cotangent (0 when ignored). x[target] is picked from the values read, never
-    re-read, so that an in-place gradient cannot race with it."""
-    row = tl.program_id(1).to(tl.int64) * rows + tl.program_id(0)
-    x_ptr = LOGITS + row * stride_row
-    t = tl.load(TARGET + row).to(tl.int64)
-    sum_x = 0.0
-    if ONE_BLOCK:
-        cols = tl.arange(0, BLOCK_V)
-        mask = cols < V
-        x = tl.load(x_ptr + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        m = tl.max(x, axis=0)
-        lse = m + tl.log(tl.sum(tl.exp(x - m), axis=0))
-        x_t = tl.sum(tl.where(cols == t, x, 0.0), axis=0)
-        if SMOOTH:
-            sum_x = tl.sum(tl.where(mask, x, 0.0), axis=0)
-    else:
-        m_lane = tl.full([BLOCK_V], -float("inf"), dtype=tl.float32)
-        s_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
-        x_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
-        t_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
-        for start in range(0, V, BLOCK_V):
-            cols = start + tl.arange(0, BLOCK_V)
-            x = tl.load(x_ptr + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
-            m_lane, s_lane = online_max_sum_step(m_lane, s_lane, x)
-            t_lane += tl.where(cols == t, x, 0.0)
-            if SMOOTH:
-                x_lane += tl.where(cols < V, x, 0.0)
-        m, s = online_max_sum_total(m_lane, s_lane)
-        lse = m + tl.log(s)
-        x_t = tl.sum(t_lane, axis=0)
-        if SMOOTH:
-            sum_x = tl.sum(x_lane, axis=0)
+def _load_tile(LOGITS, TARGET, r, row_end, V, stride_row, cols):
+    """Loads of a tile of rows r (a vector; nothing past row_end): logits [rows, BLOCK_V] in their stored dtype (-inf
+    past V), the targets, and x[target] (0 for a target outside [0, V)), gathered directly."""
+    rmask = r < row_end
+    t = tl.load(TARGET + r, mask=rmask, other=0).to(tl.int64)
+    x_ptr = LOGITS + r * stride_row
+    x = tl.load(x_ptr[:, None] + cols[None, :], mask=rmask[:, None] & (cols[None, :] < V), other=-float("inf"))
+    x_t = tl.load(x_ptr + t, mask=rmask & (t >= 0) & (t < V), other=0.0)
+    return x, t, x_t
+
+
+@triton.jit
+def _row_losses(LOSS, LSE, VALID, r, row_end, lse, x_t, sum_x, t, V, ignore_index, smoothing, SMOOTH: tl.constexpr,
+                HAS_VALID: tl.constexpr):  # fmt: skip
+    """Stores the losses (0 for ignored rows), lse and valid flags of rows r (vectors, or scalars for one row);
+    returns the ignored mask."""
     loss = tl.where((t >= 0) & (t < V), lse - x_t, float("nan"))
     if SMOOTH:
         loss = (1.0 - smoothing) * loss + smoothing * (lse - sum_x / V)
     ignored = t == ignore_index
-    tl.store(LOSS + row, tl.where(ignored, 0.0, loss).to(LOSS.dtype.element_ty))
-    tl.store(LSE + row, lse)
+    mask = r < row_end
+    tl.store(LOSS + r, tl.where(ignored, 0.0, loss).to(LOSS.dtype.element_ty), mask=mask)
+    tl.store(LSE + r, lse, mask=mask)
     if HAS_VALID:
-        tl.store(VALID + row, tl.where(ignored, 0.0, 1.0))
-    if WRITE_GRAD:
-        g = tl.where(ignored, 0.0, 1.0)
-        d_ptr = DLOGITS + row * V
-        if ONE_BLOCK:
-            d = g * _dlogits(x, lse, cols, t, smoothing, V, SMOOTH)
-            tl.store(d_ptr + cols, d.to(DLOGITS.dtype.element_ty), mask=mask)
-        else:
+        tl.store(VALID + r, tl.where(ignored, 0.0, 1.0), mask=mask)
+    return ignored
+
+
+@triton.jit
+def _tile_losses(x, t, x_t, r, row_end, cols, V, ignore_index, smoothing, LOSS, LSE, VALID, DLOGITS,
+                 SMOOTH: tl.constexpr, HAS_VALID: tl.constexpr, WRITE_GRAD: tl.constexpr):  # fmt: skip
+    """Losses, lse, valid flags (and with WRITE_GRAD the unit-cotangent gradient) of a tile of rows r, x its logits
+    in fp32 (-inf past V); rows from row_end on are skipped."""
+    x = tl.where((r < row_end)[:, None], x.to(tl.float32), 0.0)  # rows past the end: finite, never stored
+    m = tl.max(x, axis=1)
+    e = tl.exp(x - m[:, None])
+    s = tl.sum(e, axis=1)
+    lse = m + tl.log(s)
+    sum_x = tl.zeros_like(lse)
+    if SMOOTH:
+        sum_x = tl.sum(tl.where((cols < V)[None, :], x, 0.0), axis=1)
+    ignored = _row_losses(LOSS, LSE, VALID, r, row_end, lse, x_t.to(tl.float32), sum_x, t, V, ignore_index, smoothing,
+                          SMOOTH, HAS_VALID)  # fmt: skip
+    if WRITE_GRAD:  # softmax - (1 - eps) * onehot - eps / V, times 0 for ignored rows
+        d = e * (1.0 / s)[:, None] - tl.where(cols[None, :] == t[:, None], 1.0 - smoothing, 0.0)
+        if SMOOTH:
+            d -= smoothing / V
+        d = tl.where(ignored[:, None], 0.0, d)
+        tl.store(DLOGITS + r[:, None] * V + cols[None, :], d.to(DLOGITS.dtype.element_ty),
+                 mask=(r < row_end)[:, None] & (cols < V)[None, :])  # fmt: skip
+
+
+@triton.jit
+def cross_entropy_fwd_kernel(
+    LOGITS, TARGET, rows, V, stride_row, ignore_index, smoothing,
+    LOSS, LSE, VALID, DLOGITS,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, ONE_BLOCK: tl.constexpr, SMOOTH: tl.constexpr,
+    HAS_VALID: tl.constexpr, WRITE_GRAD: tl.constexpr,
+):  # fmt: skip
+    """Grid (G, batch), persistent: program g handles tiles g, g + G, ... of BLOCK_M rows of its problem. LOSS gets a
+    row's loss (0 when ignored), LSE its log-sum-exp, VALID (for a reduction) 1.0 or 0.0 for an ignored row. With
+    WRITE_GRAD, DLOGITS (rows of V, may be LOGITS itself) gets the row's gradient for a unit cotangent (0 when
+    ignored). ONE_BLOCK: a tile [BLOCK_M, BLOCK_V] in registers, the next tile's loads in flight while this one
+    reduces (a row per program ran at a third of copy speed: one 8 KiB load, then three dependent block reductions).
+    Else one row at a time, streamed with an online max / sum. x[target] is gathered before any store of its row, so
+    an in-place gradient cannot race with it."""
+    g = tl.program_id(0)
+    G = tl.num_programs(0)
+    row0 = tl.program_id(1).to(tl.int64) * rows
+    row_end = row0 + rows
+    if ONE_BLOCK:
+        # the next tile's loads are in flight while this one reduces (software pipelining by hand)
+        cols = tl.arange(0, BLOCK_V)
+        r = row0 + g * BLOCK_M + tl.arange(0, BLOCK_M)
+        nxt = _load_tile(LOGITS, TARGET, r, row_end, V, stride_row, cols)
+        for _ in range(g, tl.cdiv(rows, BLOCK_M), G):
+            x, t, x_t = nxt
+            nxt = _load_tile(LOGITS, TARGET, r + G * BLOCK_M, row_end, V, stride_row, cols)
+            _tile_losses(x, t, x_t, r, row_end, cols, V, ignore_index, smoothing, LOSS, LSE, VALID, DLOGITS, SMOOTH,
+                         HAS_VALID, WRITE_GRAD)  # fmt: skip
+            r += G * BLOCK_M
+    else:
+        for row in range(row0 + g, row_end, G):
+            x_ptr = LOGITS + row * stride_row
+            t = tl.load(TARGET + row).to(tl.int64)
+            m_lane = tl.full([BLOCK_V], -float("inf"), dtype=tl.float32)
+            s_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
+            x_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
+            t_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
             for start in range(0, V, BLOCK_V):
                 cols = start + tl.arange(0, BLOCK_V)
-                x = tl.load(x_ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
-                d = g * _dlogits(x, lse, cols, t, smoothing, V, SMOOTH)
-                tl.store(d_ptr + cols, d.to(DLOGITS.dtype.element_ty), mask=cols < V)
+                x = tl.load(x_ptr + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
+                m_lane, s_lane = online_max_sum_step(m_lane, s_lane, x)
+                t_lane += tl.where(cols == t, x, 0.0)
+                if SMOOTH:
+                    x_lane += tl.where(cols < V, x, 0.0)
+            m, s = online_max_sum_total(m_lane, s_lane)
+            lse = m + tl.log(s)
+            ignored = _row_losses(LOSS, LSE, VALID, row, row_end, lse, tl.sum(t_lane, axis=0), tl.sum(x_lane, axis=0),
+                                  t, V, ignore_index, smoothing, SMOOTH, HAS_VALID)  # fmt: skip
+            if WRITE_GRAD:
+                g_row = tl.where(ignored, 0.0, 1.0)
+                for start in range(0, V, BLOCK_V):
+                    cols = start + tl.arange(0, BLOCK_V)
+                    x = tl.load(x_ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
+                    d = g_row * _dlogits(x, lse, cols, t, smoothing, V, SMOOTH)
+                    tl.store(DLOGITS + row * V + cols, d.to(DLOGITS.dtype.element_ty), mask=cols < V)
 
 
 @triton.jit
@@ -177,14 +231,18 @@ def forward_launch(
     """The forward kernel over batch*rows rows of logits; `valid` (fp32 flags) for a reduction; `dlogits` for the
     unit-cotangent gradient (may be `logits`: in place)."""
     block, one_block, warps = row_block(n_classes, target)
+    tile_rows = max(1, TILE // block) if one_block else 1
+    warps = row_block(tile_rows * block, target)[2]
+    # persistent programs: as many as fill each SM's 2048 threads (registers permitting)
+    programs = programs_per_problem(cdiv(rows, tile_rows), target, waves=max(1, 2048 // (warps * target.warp_size)))
     return Launch(
         cross_entropy_fwd_kernel,
-        grid=(rows, batch),
+        grid=(programs, batch),
         reads=(logits, labels, rows, n_classes, n_classes if stride_row is None else stride_row, ignore_index,
                float(label_smoothing)),
         writes=(loss, lse, valid, dlogits),
-        constexprs=dict(BLOCK_V=block, ONE_BLOCK=one_block, SMOOTH=label_smoothing > 0, HAS_VALID=valid is not None,
-                        WRITE_GRAD=dlogits is not None),
+        constexprs=dict(BLOCK_M=tile_rows, BLOCK_V=block, ONE_BLOCK=one_block, SMOOTH=label_smoothing > 0,
+                        HAS_VALID=valid is not None, WRITE_GRAD=dlogits is not None),
         num_warps=warps,
     )  # fmt: skip
 
@@ -192,9 +250,9 @@ def forward_launch(
 def reduce_launch(batch: int, rows: int, reduction: str, *, row_loss: Ref, valid: Ref, loss: Ref, count: Ref) -> Launch:
     """loss[b] = sum (mean: over the valid rows) of row_loss[b, :rows]; count[b] = valid rows. Row stride max(rows, 1):
     give a row-less problem one column so that its buffers still have a pointer."""
-    block = min(1024, next_power_of_2(max(rows, 1)))
+    block = min(REDUCE_BLOCK, next_power_of_2(max(rows, 1)))
     return Launch(loss_reduce_kernel, (batch,), (row_loss, valid, rows, max(rows, 1)), (loss, count),
-                  dict(BLOCK=block, MEAN=reduction == "mean"), num_warps=4)  # fmt: skip
+                  dict(BLOCK=block, MEAN=reduction == "mean"), num_warps=max(1, min(16, block // 512)))  # fmt: skip
 
 
 def backward_launch(

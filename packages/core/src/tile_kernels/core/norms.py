@@ -10,11 +10,31 @@ Backward, with g = dy * weight and dh the cotangent of the returned h:
     dweight = sum over rows of dy * xhat,  dbias = sum over rows of dy
 
 Layout: `batch` independent problems of `rows` rows of `n` elements (batch > 1 is how a JAX vmap folds into one
-launch; weight and bias are shared or one per problem). Rows of up to MAX_ROW_BLOCK elements live in registers (the
-backward's, up to 8192, next to their dweight/dbias accumulators); wider rows are streamed in chunks: two passes
-(rms_norm) or three (layer_norm: mean, then variance, then output). The backward runs a persistent grid of a few
-programs per SM per problem; each keeps dweight/dbias partials in registers (or in zeroed fp32 buffers for wide
-rows), reduced by `sum_partials`.
+launch; weight and bias are shared or one per problem).
+
+In-register rows (n <= MAX_ROW_BLOCK forward, <= BACKWARD_MAX_ROW_BLOCK backward): one read of each input, one write
+of each output: the algorithmic minimum. The forward runs a program per row; the backward a persistent grid of a
+few programs per SM, each keeping dweight/dbias partials in registers (reduced by `sum_partials`) and loading the
+next row while the current one reduces.
+
+Wider rows are split across programs, in two launches, since a row's statistics need the whole row before any
+output element (no program holds it, and programs of one launch cannot wait for each other without a scheduler
+that Triton's interpreter cannot run):
+  forward   1. norm_fwd_stats_kernel, one program per SPLIT_BLOCK-element segment of a row: h = x + residual
+               (stored), the segment's sum(h^2), or sum(h) and its sum of squares about the segment mean;
+            2. norm_fwd_apply_kernel, same grid: (mean, rstd) from the segment sums (Chan's combination for the
+               variance), y from h; rows visited last first, so that the h written last is still in L2.
+  backward  1. norm_bwd_stats_kernel, a program per (column chunk, group of rows): per row sum(xhat * g) and
+               sum(g) over the chunk, and over the group dweight / dbias partials (in registers, one row per group);
+            2. norm_bwd_apply_kernel, a program per row segment: dx from the rows' sums; rows visited in the
+               reverse of the order step 1 finished them (its last tiles are still in L2).
+Bytes per element of the split path (design limit; s = element size, 2 for bf16; algorithmic minimum in brackets):
+  forward   with residual: x, r read, h written, h read, y written = 5s   [4s]  -> at most 80% of copy speed
+            without:       x read twice, y written                  = 3s   [2s]  -> 67%
+  backward  with dh:       h, dy read twice, dh read, dx written    = 6s   [4s]  -> 67%
+            without:       h, dy read twice, dx written             = 5s   [3s]  -> 60%
+less what the second launch finds in L2 (up to the L2 size of the data step 1 touched last), plus fp32 partials of
+8 bytes per row per chunk and 4 bytes per column per row group (under 2% at the benchmark's shapes).
 """
 
 from __future__ import annotations
@@ -24,11 +44,18 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, next_power_of_2
 from .registry import BadInput, Cost, round_to
-from .rows import WIDTH_BUCKETS, programs_per_problem, row_block, sum_partials
+from .rows import MAX_ROW_BLOCK, WIDTH_BUCKETS, programs_per_problem, row_block, sum_partials
 
-BACKWARD_MAX_ROW_BLOCK = 8192
+BACKWARD_MAX_ROW_BLOCK = 8192  # in-register rows of the backward (h, dy, dh, weight and two accumulators live)
+SPLIT_BLOCK = 8192  # elements of a row segment, one program each, in the split forward and the split backward's dx
+BACKWARD_STATS_TILE = (1, 2048)  # rows x columns a step of the split backward's statistics program
+# Programs of the split backward's statistics launch per SM: all resident at once (one wave, so that none is left
+# to a tail and its last tiles are still in L2 for the dx launch). Measured for cuda:90 (Triton 3.9, 256 threads a
+# program): 48 registers (rms_norm), 63 (layer_norm), 75 (with bias; 86 in fp32) -> 5, 4, 3 (2) programs a SM.
+BACKWARD_STATS_PROGRAMS_PER_SM = {(True, False): 5, (False, False): 4, (False, True): 3}
+SEGMENT_SUMS_BLOCK = 64  # per-row partial sums read per step
 
 
 @triton.jit
@@ -59,6 +86,115 @@ def _row_stats(MEAN, RSTD, row, IS_RMS: tl.constexpr):
 
 
 @triton.jit
+def norm_fwd_kernel(
+    X, R, W, B, eps, rows, N, stride_x, stride_r, stride_w,
+    Y, H, MEAN, RSTD,
+    IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Grid (rows, batch): one program per row, the row (up to BLOCK_N elements) in registers."""
+    b = tl.program_id(1).to(tl.int64)
+    row = b * rows + tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    xc = _load_sum(X + row * stride_x, R + row * stride_r, H + row * N, cols, mask, HAS_RESIDUAL)
+    if not IS_RMS:
+        mean = _mean(tl.sum(xc, axis=0), N)
+        xc = tl.where(mask, xc - mean, 0.0)
+        tl.store(MEAN + row, mean)
+    rstd = tl.rsqrt(_mean(tl.sum(xc * xc, axis=0), N) + eps)
+    y = xc * rstd * tl.load(W + b * stride_w + cols, mask=mask).to(tl.float32)
+    if HAS_BIAS:
+        y += tl.load(B + b * stride_w + cols, mask=mask).to(tl.float32)
+    tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + row, rstd)
+
+
+@triton.jit
+def _segment(S, rows, REVERSE: tl.constexpr):
+    """(problem, row, segment) of this program in a grid (S * rows, batch) of row segments, the row counted over all
+    problems; REVERSE visits the rows last first."""
+    b = tl.program_id(1).to(tl.int64)
+    r = tl.program_id(0) // S
+    if REVERSE:
+        r = rows - 1 - r
+    return b, b * rows + r, tl.program_id(0) % S
+
+
+@triton.jit
+def norm_fwd_stats_kernel(
+    X, R, rows, N, stride_x, stride_r,
+    H, PARTIAL,
+    IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Split forward, step 1. Grid (S * rows, batch), S = cdiv(N, BLOCK_N) segments a row: h = x (+ residual) over one
+    segment, stored with a residual, and the segment's sums PARTIAL[row, s] = (sum(h^2), unused) for rms_norm,
+    (sum(h), sum((h - segment mean)^2)) for layer_norm (exact two-pass sums: the segment is in registers)."""
+    S = tl.cdiv(N, BLOCK_N)
+    _, row, s = _segment(S, rows, False)
+    cols = s * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    h = _load_sum(X + row * stride_x, R + row * stride_r, H + row * N, cols, mask, HAS_RESIDUAL)
+    part = PARTIAL + (row * S + s) * 2
+    if IS_RMS:
+        tl.store(part, tl.sum(h * h, axis=0))
+    else:
+        total = tl.sum(h, axis=0)
+        d = tl.where(mask, h - _mean(total, tl.minimum(N - s * BLOCK_N, BLOCK_N)), 0.0)
+        tl.store(part, total)
+        tl.store(part + 1, tl.sum(d * d, axis=0))
+
+
+@triton.jit
+def _row_stats_of_segments(P, S, N, eps, IS_RMS: tl.constexpr, SEGMENT: tl.constexpr, BLOCK_S: tl.constexpr):
+    """(mean, rstd) of a row from the sums of its S segments at P (norm_fwd_stats_kernel); the variance by Chan's
+    combination, sum over segments of M2_s + n_s * (mean_s - mean)^2 (no E[h^2] - mean^2 cancellation)."""
+    acc = tl.zeros([BLOCK_S], dtype=tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        acc += tl.load(P + s * 2, mask=s < S, other=0.0)
+    total = tl.sum(acc, axis=0)
+    mean = 0.0
+    if IS_RMS:
+        rstd = tl.rsqrt(_mean(total, N) + eps)
+    else:
+        mean = _mean(total, N)
+        acc = tl.zeros([BLOCK_S], dtype=tl.float32)
+        for s0 in range(0, S, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            m = s < S
+            count = tl.maximum(tl.minimum(N - s * SEGMENT, SEGMENT), 1) * 1.0
+            d = tl.math.div_rn(tl.load(P + s * 2, mask=m, other=0.0), count) - mean
+            acc += tl.where(m, tl.load(P + s * 2 + 1, mask=m, other=0.0) + count * d * d, 0.0)
+        rstd = tl.rsqrt(_mean(tl.sum(acc, axis=0), N) + eps)
+    return mean, rstd
+
+
+@triton.jit
+def norm_fwd_apply_kernel(
+    SRC, W, B, PARTIAL, eps, rows, N, stride_src, stride_w,
+    Y, MEAN, RSTD,
+    IS_RMS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """Split forward, step 2. Grid as step 1, rows last first (the h that step 1 wrote last is still in L2): the
+    row's (mean, rstd) from its PARTIAL sums (stored by segment 0's program), and y over one segment of SRC (h, or x
+    without a residual)."""
+    S = tl.cdiv(N, BLOCK_N)
+    b, row, s = _segment(S, rows, True)
+    mean, rstd = _row_stats_of_segments(PARTIAL + row * S * 2, S, N, eps, IS_RMS, BLOCK_N, BLOCK_S)
+    cols = s * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    y = (tl.load(SRC + row * stride_src + cols, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
+    y *= tl.load(W + b * stride_w + cols, mask=mask).to(tl.float32)
+    if HAS_BIAS:
+        y += tl.load(B + b * stride_w + cols, mask=mask).to(tl.float32)
+    tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=mask)
+    if s == 0:
+        if not IS_RMS:
+            tl.store(MEAN + row, mean)
+        tl.store(RSTD + row, rstd)
+
+
+@triton.jit
 def _load_row(DY, H, DH, MEAN, RSTD, row, row_end, stride_dy, stride_h, stride_dh, cols, mask, IS_RMS: tl.constexpr,
               HAS_DH: tl.constexpr):  # fmt: skip
     """(h, dy, dh) of one row in their stored dtype and its saved (mean, rstd); zeros past the problem's rows."""
@@ -77,133 +213,148 @@ def _load_row(DY, H, DH, MEAN, RSTD, row, row_end, stride_dy, stride_h, stride_d
 
 
 @triton.jit
-def norm_fwd_kernel(
-    X, R, W, B, eps, rows, N, stride_x, stride_r, stride_w,
-    Y, H, MEAN, RSTD,
-    IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    ONE_BLOCK: tl.constexpr,
-):  # fmt: skip
-    """Grid (rows, batch): one program per row."""
-    b = tl.program_id(1).to(tl.int64)
-    row = b * rows + tl.program_id(0)
-    x_ptr, r_ptr, w_ptr, b_ptr = X + row * stride_x, R + row * stride_r, W + b * stride_w, B + b * stride_w
-    y_ptr, h_ptr = Y + row * N, H + row * N
-    mean = 0.0
-    if ONE_BLOCK:
-        cols = tl.arange(0, BLOCK_N)
-        mask = cols < N
-        xc = _load_sum(x_ptr, r_ptr, h_ptr, cols, mask, HAS_RESIDUAL)
-        if not IS_RMS:
-            mean = _mean(tl.sum(xc, axis=0), N)
-            xc = tl.where(mask, xc - mean, 0.0)
-        rstd = tl.rsqrt(_mean(tl.sum(xc * xc, axis=0), N) + eps)
-        y = xc * rstd * tl.load(w_ptr + cols, mask=mask).to(tl.float32)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + cols, mask=mask).to(tl.float32)
-        tl.store(y_ptr + cols, y.to(Y.dtype.element_ty), mask=mask)
-    else:
-        src = h_ptr if HAS_RESIDUAL else x_ptr
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):  # pass 1: h, and sum(h) (layer) or sum(h^2) (rms)
-            cols = start + tl.arange(0, BLOCK_N)
-            h = _load_sum(x_ptr, r_ptr, h_ptr, cols, cols < N, HAS_RESIDUAL)
-            acc += h if not IS_RMS else h * h
-        if not IS_RMS:  # pass 2: the variance about the mean, not E[h^2] - mean^2 (no cancellation)
-            mean = _mean(tl.sum(acc, axis=0), N)
-            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for start in range(0, N, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                mask = cols < N
-                d = tl.where(mask, tl.load(src + cols, mask=mask, other=0.0).to(tl.float32) - mean, 0.0)
-                acc += d * d
-        rstd = tl.rsqrt(_mean(tl.sum(acc, axis=0), N) + eps)
-        for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < N
-            y = (tl.load(src + cols, mask=mask).to(tl.float32) - mean) * rstd
-            y *= tl.load(w_ptr + cols, mask=mask).to(tl.float32)
-            if HAS_BIAS:
-                y += tl.load(b_ptr + cols, mask=mask).to(tl.float32)
-            tl.store(y_ptr + cols, y.to(Y.dtype.element_ty), mask=mask)
-    if not IS_RMS:
-        tl.store(MEAN + row, mean)
-    tl.store(RSTD + row, rstd)
-
-
-@triton.jit
 def norm_bwd_kernel(
     DY, H, W, MEAN, RSTD, DH, rows, N, stride_dy, stride_h, stride_w, stride_dh,
     DX, DW_PARTIAL, DB_PARTIAL,
     IS_RMS: tl.constexpr, HAS_DH: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    ONE_BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Grid (G, batch): program g handles rows g, g + G, ... of its problem and writes DW/DB_PARTIAL[b, g, :]."""
+    """Grid (G, batch): program g handles rows g, g + G, ... of its problem, each in registers (up to BLOCK_N
+    elements), and writes DW/DB_PARTIAL[b, g, :]."""
     g = tl.program_id(0)
     G = tl.num_programs(0)
     b = tl.program_id(1).to(tl.int64)
-    w_ptr = W + b * stride_w
     partial = (b * G + g) * N
-    if ONE_BLOCK:
-        cols = tl.arange(0, BLOCK_N)
-        mask = cols < N
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        dw = tl.zeros([BLOCK_N], dtype=tl.float32)
-        db = tl.zeros([BLOCK_N], dtype=tl.float32)
-        # software pipelining by hand: the next row's loads are in flight while this row reduces and stores
-        row_end = (b + 1) * rows
-        nxt = _load_row(DY, H, DH, MEAN, RSTD, b * rows + g, row_end, stride_dy, stride_h, stride_dh, cols, mask,
-                        IS_RMS, HAS_DH)  # fmt: skip
-        for m in range(g, rows, G):
-            row = b * rows + m
-            h, dy, dh, mean, rstd = nxt
-            h, dy = h.to(tl.float32), dy.to(tl.float32)
-            nxt = _load_row(DY, H, DH, MEAN, RSTD, row + G, row_end, stride_dy, stride_h, stride_dh, cols, mask,
-                            IS_RMS, HAS_DH)  # fmt: skip
-            xhat = tl.where(mask, (h - mean) * rstd, 0.0)
-            wdy = w * dy
-            dx = wdy - xhat * (_mean(tl.sum(xhat * wdy, axis=0), N))
-            if not IS_RMS:
-                dx -= _mean(tl.sum(wdy, axis=0), N)
-            dx = dx * rstd + dh.to(tl.float32)
-            tl.store(DX + row * N + cols, dx.to(DX.dtype.element_ty), mask=mask)
-            dw += dy * xhat
-            db += dy
-        tl.store(DW_PARTIAL + partial + cols, dw, mask=mask)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    w = tl.load(W + b * stride_w + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # software pipelining by hand: the next row's loads are in flight while this row reduces and stores
+    row_end = (b + 1) * rows
+    nxt = _load_row(DY, H, DH, MEAN, RSTD, b * rows + g, row_end, stride_dy, stride_h, stride_dh, cols, mask, IS_RMS,
+                    HAS_DH)  # fmt: skip
+    for m in range(g, rows, G):
+        row = b * rows + m
+        h, dy, dh, mean, rstd = nxt
+        h, dy = h.to(tl.float32), dy.to(tl.float32)
+        nxt = _load_row(DY, H, DH, MEAN, RSTD, row + G, row_end, stride_dy, stride_h, stride_dh, cols, mask, IS_RMS,
+                        HAS_DH)  # fmt: skip
+        xhat = tl.where(mask, (h - mean) * rstd, 0.0)
+        wdy = w * dy
+        dx = wdy - xhat * (_mean(tl.sum(xhat * wdy, axis=0), N))
+        if not IS_RMS:
+            dx -= _mean(tl.sum(wdy, axis=0), N)
+        dx = dx * rstd + dh.to(tl.float32)
+        tl.store(DX + row * N + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        dw += dy * xhat
+        db += dy
+    tl.store(DW_PARTIAL + partial + cols, dw, mask=mask)
+    if HAS_BIAS:
+        tl.store(DB_PARTIAL + partial + cols, db, mask=mask)
+
+
+@triton.jit
+def _load_tile(DY, H, MEAN, RSTD, r, end, stride_dy, stride_h, cols, cmask, IS_RMS: tl.constexpr):
+    """h and dy of rows r (a vector; zeros from row `end` on) over columns cols, in their stored dtype, and the rows'
+    saved (mean, rstd)."""
+    rmask = r < end
+    mask = rmask[:, None] & cmask[None, :]
+    h = tl.load(H + r[:, None] * stride_h + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(DY + r[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+    rstd = tl.load(RSTD + r, mask=rmask, other=0.0)
+    mean = tl.zeros_like(rstd)
+    if not IS_RMS:
+        mean = tl.load(MEAN + r, mask=rmask, other=0.0)
+    return h, dy, mean, rstd
+
+
+@triton.jit
+def norm_bwd_stats_kernel(
+    DY, H, W, MEAN, RSTD, rows, N, group_rows, stride_dy, stride_h, stride_w,
+    PARTIAL, DW_PARTIAL, DB_PARTIAL,
+    IS_RMS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Split backward, step 1. Grid (C * G, batch), C = cdiv(N, BLOCK_N) column chunks, G groups of group_rows rows:
+    program (g, c) reads h and dy of its group's rows over chunk c once, BLOCK_M rows at a time (the next tile's loads
+    in flight while this one reduces). Per row PARTIAL[row, c] = (sum(xhat * w * dy), sum(w * dy)); over its rows
+    DW_PARTIAL[g, cols] = sum(dy * xhat), DB_PARTIAL[g, cols] = sum(dy) (xhat from the forward's mean and rstd)."""
+    C = tl.cdiv(N, BLOCK_N)
+    G = tl.num_programs(0) // C
+    c = tl.program_id(0) % C
+    g = tl.program_id(0) // C
+    b = tl.program_id(1).to(tl.int64)
+    cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    w = tl.load(W + b * stride_w + cols, mask=cmask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    first = b * rows + g * group_rows + tl.arange(0, BLOCK_M)
+    end = b * rows + tl.minimum((g + 1) * group_rows, rows)
+    # software pipelining by hand: the next tile's loads are in flight while this one reduces (a second tile ahead
+    # would cost register moves that wait for the loads just issued)
+    nxt = _load_tile(DY, H, MEAN, RSTD, first, end, stride_dy, stride_h, cols, cmask, IS_RMS)
+    for m in range(g * group_rows, tl.minimum((g + 1) * group_rows, rows), BLOCK_M):
+        r = b * rows + m + tl.arange(0, BLOCK_M)
+        h, dy, mean, rstd = nxt
+        dy = dy.to(tl.float32)
+        xhat = (h.to(tl.float32) - mean[:, None]) * rstd[:, None]  # finite where masked, and multiplied by dy = 0
+        nxt = _load_tile(DY, H, MEAN, RSTD, r + BLOCK_M, end, stride_dy, stride_h, cols, cmask, IS_RMS)
+        wdy = w[None, :] * dy
+        part = PARTIAL + (r * C + c) * 2
+        tl.store(part, tl.sum(xhat * wdy, axis=1), mask=r < end)
+        if not IS_RMS:
+            tl.store(part + 1, tl.sum(wdy, axis=1), mask=r < end)
+        dw += dy * xhat
         if HAS_BIAS:
-            tl.store(DB_PARTIAL + partial + cols, db, mask=mask)
-    else:
-        for m in range(g, rows, G):
-            row = b * rows + m
-            mean, rstd = _row_stats(MEAN, RSTD, row, IS_RMS)
-            acc_xg = tl.zeros([BLOCK_N], dtype=tl.float32)
-            acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for start in range(0, N, BLOCK_N):  # pass 1: mean(g * xhat) and mean(g)
-                cols = start + tl.arange(0, BLOCK_N)
-                mask = cols < N
-                h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
-                wdy = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) * tl.load(
-                    DY + row * stride_dy + cols, mask=mask, other=0.0
-                ).to(tl.float32)
-                acc_xg += tl.where(mask, (h - mean) * rstd, 0.0) * wdy
-                acc_g += wdy
-            c_xg = _mean(tl.sum(acc_xg, axis=0), N)
-            c_g = 0.0 if IS_RMS else _mean(tl.sum(acc_g, axis=0), N)
-            for start in range(0, N, BLOCK_N):  # pass 2: dx, and the partial sums
-                cols = start + tl.arange(0, BLOCK_N)
-                mask = cols < N
-                h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
-                xhat = tl.where(mask, (h - mean) * rstd, 0.0)
-                dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                dx = (w * dy - xhat * c_xg - c_g) * rstd
-                if HAS_DH:
-                    dx += tl.load(DH + row * stride_dh + cols, mask=mask, other=0.0).to(tl.float32)
-                tl.store(DX + row * N + cols, dx.to(DX.dtype.element_ty), mask=mask)
-                dw = tl.load(DW_PARTIAL + partial + cols, mask=mask)
-                tl.store(DW_PARTIAL + partial + cols, dw + dy * xhat, mask=mask)
-                if HAS_BIAS:
-                    db = tl.load(DB_PARTIAL + partial + cols, mask=mask)
-                    tl.store(DB_PARTIAL + partial + cols, db + dy, mask=mask)
+            db += dy
+    tl.store(DW_PARTIAL + (b * G + g) * N + cols, tl.sum(dw, axis=0), mask=cmask)
+    if HAS_BIAS:
+        tl.store(DB_PARTIAL + (b * G + g) * N + cols, tl.sum(db, axis=0), mask=cmask)
+
+
+@triton.jit
+def norm_bwd_apply_kernel(
+    DY, H, W, MEAN, RSTD, DH, PARTIAL, rows, N, chunks, group_rows, stride_dy, stride_h, stride_w, stride_dh,
+    DX,
+    IS_RMS: tl.constexpr, HAS_DH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """Split backward, step 2. Grid (S * G * group_rows, batch), S = cdiv(N, BLOCK_N) segments a row, step 1's G groups
+    of group_rows rows: dx over one segment of a row, from the row's sums over step 1's `chunks` chunks:
+        dx = rstd * (w * dy - xhat * sum(xhat * w * dy) / N - sum(w * dy) / N) (+ dh)
+    Step 1's programs end on the last rows of their groups, whose h and dy are then still in L2: this grid visits the
+    rows group tails first (programs past the last row of a short last group do nothing)."""
+    S = tl.cdiv(N, BLOCK_N)
+    G = tl.cdiv(rows, group_rows)
+    s = tl.program_id(0) % S
+    q = tl.program_id(0) // S
+    local = (q % G) * group_rows + group_rows - 1 - q // G
+    b = tl.program_id(1).to(tl.int64)
+    row = b * rows + tl.minimum(local, rows - 1)  # a valid row for the scalar loads; nothing is stored past the end
+    n_valid = tl.where(local < rows, N, 0)
+    acc_xg = tl.zeros([BLOCK_C], dtype=tl.float32)
+    acc_g = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for c0 in range(0, chunks, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        acc_xg += tl.load(PARTIAL + (row * chunks + c) * 2, mask=c < chunks, other=0.0)
+        if not IS_RMS:
+            acc_g += tl.load(PARTIAL + (row * chunks + c) * 2 + 1, mask=c < chunks, other=0.0)
+    c_xg = _mean(tl.sum(acc_xg, axis=0), N)
+    c_g = 0.0 if IS_RMS else _mean(tl.sum(acc_g, axis=0), N)
+    mean, rstd = _row_stats(MEAN, RSTD, row, IS_RMS)
+    cols = s * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < n_valid
+    h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(W + b * stride_w + cols, mask=mask, other=0.0).to(tl.float32)
+    dx = (w * dy - (h - mean) * rstd * c_xg - c_g) * rstd
+    if HAS_DH:
+        dx += tl.load(DH + row * stride_dh + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(DX + row * N + cols, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+def _warps(block: int, target: Target) -> int:
+    """Warps of a program over a block of `block` elements (rows.row_block's: a 16-byte vector of bf16 a thread)."""
+    return row_block(block, target)[2]
 
 
 def forward(
@@ -220,25 +371,53 @@ def forward(
     if not is_rms:
         buffers["mean"] = BufferSpec((batch, rows), "float32", zeroed=empty)
     buffers["rstd"] = BufferSpec((batch, rows), "float32", zeroed=empty)
+    outputs = tuple(buffers)
+    stride_x = n if stride_x is None else stride_x
+    stride_r = n if stride_residual is None else stride_residual
+    stride_w = n if weight_batched else 0
+    flags = dict(IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_BIAS=has_bias)
     launches = ()
-    if not empty:
-        block, one_block, warps = row_block(n, target)
+    if empty:
+        pass
+    elif n <= MAX_ROW_BLOCK:
+        block = next_power_of_2(n)
         launches = (
             Launch(
                 norm_fwd_kernel,
                 grid=(rows, batch),
                 reads=("x", "residual" if has_residual else None, "weight", "bias" if has_bias else None, eps,
-                       rows, n, n if stride_x is None else stride_x,
-                       n if stride_residual is None else stride_residual, n if weight_batched else 0),
+                       rows, n, stride_x, stride_r, stride_w),
                 writes=("y", "h" if has_residual else None, None if is_rms else "mean", "rstd"),
-                constexprs=dict(IS_RMS=is_rms, HAS_RESIDUAL=has_residual, HAS_BIAS=has_bias, BLOCK_N=block,
-                                ONE_BLOCK=one_block),
+                constexprs=dict(**flags, BLOCK_N=block),
+                num_warps=_warps(block, target),
+            ),
+        )  # fmt: skip
+    else:  # split rows: segment statistics, then normalize (see the module docstring)
+        segments = cdiv(n, SPLIT_BLOCK)
+        buffers["partial"] = BufferSpec((batch, rows, segments, 2), "float32")
+        warps = _warps(SPLIT_BLOCK, target)
+        launches = (
+            Launch(
+                norm_fwd_stats_kernel,
+                grid=(segments * rows, batch),
+                reads=("x", "residual" if has_residual else None, rows, n, stride_x, stride_r),
+                writes=("h" if has_residual else None, "partial"),
+                constexprs=dict(IS_RMS=is_rms, HAS_RESIDUAL=has_residual, BLOCK_N=SPLIT_BLOCK),
+                num_warps=warps,
+            ),
+            Launch(
+                norm_fwd_apply_kernel,
+                grid=(segments * rows, batch),
+                reads=("h" if has_residual else "x", "weight", "bias" if has_bias else None, "partial", eps, rows, n,
+                       n if has_residual else stride_x, stride_w),
+                writes=("y", None if is_rms else "mean", "rstd"),
+                constexprs=dict(IS_RMS=is_rms, HAS_BIAS=has_bias, BLOCK_N=SPLIT_BLOCK, BLOCK_S=SEGMENT_SUMS_BLOCK),
                 num_warps=warps,
             ),
         )  # fmt: skip
     inputs = {"x": x_dtype, "weight": weight_dtype}
     inputs |= ({"bias": weight_dtype} if has_bias else {}) | ({"residual": x_dtype} if has_residual else {})
-    return Plan(inputs, buffers, launches, tuple(buffers))
+    return Plan(inputs, buffers, launches, outputs)
 
 
 def backward(
@@ -248,30 +427,62 @@ def backward(
 ) -> Plan:  # fmt: skip
     """Inputs dy, h (the normalized input: x, or x + residual), weight, [mean], rstd, [dh].
     Outputs dx (batch, rows, n) in x's dtype, dweight and [dbias] (batch, n) in weight's dtype."""
-    block, one_block, warps = row_block(n, target, max_block=BACKWARD_MAX_ROW_BLOCK)
-    # enough programs to fill every SM with 2048 threads (narrow rows: many one-warp programs), at most 32 per SM
-    programs = programs_per_problem(rows, target, waves=max(1, min(32, 2048 // (warps * target.warp_size))))
     empty = batch * rows * n == 0
     grads = ("dweight", "dbias") if has_bias else ("dweight",)
     buffers = {"dx": BufferSpec((batch, rows, n), x_dtype, zeroed=empty)}
     buffers |= {name: BufferSpec((batch, n), weight_dtype, zeroed=empty) for name in grads}
+    partials = tuple(f"{name}_partial" for name in grads)
+    strides = (n if stride_dy is None else stride_dy, n if stride_h is None else stride_h, n if weight_batched else 0)
+    stride_dh = n if stride_dh is None else stride_dh
+    stats = ("dy", "h", "weight", None if is_rms else "mean", "rstd")
     launches = ()
-    if not empty:
-        partials = tuple(f"{name}_partial" for name in grads)
-        buffers |= {p: BufferSpec((batch, programs, n), "float32", zeroed=not one_block) for p in partials}
+    if empty:
+        pass
+    elif n <= BACKWARD_MAX_ROW_BLOCK:
+        block = next_power_of_2(n)
+        warps = _warps(block, target)
+        # enough programs to fill every SM with 2048 threads (narrow rows: many one-warp programs), at most 32 per SM
+        programs = programs_per_problem(rows, target, waves=max(1, min(32, 2048 // (warps * target.warp_size))))
+        buffers |= {p: BufferSpec((batch, programs, n), "float32") for p in partials}
         launches = (
             Launch(
                 norm_bwd_kernel,
                 grid=(programs, batch),
-                reads=("dy", "h", "weight", None if is_rms else "mean", "rstd", "dh" if has_dh else None, rows,
-                       n, n if stride_dy is None else stride_dy, n if stride_h is None else stride_h,
-                       n if weight_batched else 0, n if stride_dh is None else stride_dh),
+                reads=stats + ("dh" if has_dh else None, rows, n, *strides, stride_dh),
                 writes=("dx", partials[0], partials[1] if has_bias else None),
-                constexprs=dict(IS_RMS=is_rms, HAS_DH=has_dh, HAS_BIAS=has_bias, BLOCK_N=block,
-                                ONE_BLOCK=one_block),
+                constexprs=dict(IS_RMS=is_rms, HAS_DH=has_dh, HAS_BIAS=has_bias, BLOCK_N=block),
                 num_warps=warps,
             ),
         ) + tuple(sum_partials(p, name, batch, programs, n) for p, name in zip(partials, grads))  # fmt: skip
+    else:  # split rows: row sums and weight-gradient partials, then dx (see the module docstring)
+        tile_rows, tile_cols = BACKWARD_STATS_TILE
+        chunks = cdiv(n, tile_cols)
+        per_sm = BACKWARD_STATS_PROGRAMS_PER_SM[is_rms, has_bias] - (has_bias and x_dtype == "float32")
+        groups = max(1, min(cdiv(rows, tile_rows), per_sm * target.num_sms // chunks))
+        group_rows = cdiv(cdiv(rows, groups), tile_rows) * tile_rows
+        groups = cdiv(rows, group_rows)
+        segments = cdiv(n, SPLIT_BLOCK)
+        buffers["row_partial"] = BufferSpec((batch, rows, chunks, 2), "float32")
+        buffers |= {p: BufferSpec((batch, groups, n), "float32") for p in partials}
+        launches = (
+            Launch(
+                norm_bwd_stats_kernel,
+                grid=(chunks * groups, batch),
+                reads=stats + (rows, n, group_rows, *strides),
+                writes=("row_partial", partials[0], partials[1] if has_bias else None),
+                constexprs=dict(IS_RMS=is_rms, HAS_BIAS=has_bias, BLOCK_M=tile_rows, BLOCK_N=tile_cols),
+                num_warps=_warps(tile_rows * tile_cols, target),
+            ),
+            Launch(
+                norm_bwd_apply_kernel,
+                grid=(segments * groups * group_rows, batch),
+                reads=stats + ("dh" if has_dh else None, "row_partial", rows, n, chunks, group_rows, *strides,
+                               stride_dh),
+                writes=("dx",),
+                constexprs=dict(IS_RMS=is_rms, HAS_DH=has_dh, BLOCK_N=SPLIT_BLOCK, BLOCK_C=SEGMENT_SUMS_BLOCK),
+                num_warps=_warps(SPLIT_BLOCK, target),
+            ),
+        ) + tuple(sum_partials(p, name, batch, groups, n) for p, name in zip(partials, grads))  # fmt: skip
     inputs = {"dy": x_dtype, "h": x_dtype, "weight": weight_dtype} | ({} if is_rms else {"mean": "float32"})
     inputs |= {"rstd": "float32"} | ({"dh": x_dtype} if has_dh else {})
     return Plan(inputs, buffers, launches, ("dx",) + grads)
@@ -285,8 +496,8 @@ def plans(target: Target, is_rms: bool):
                 kw = dict(
                     is_rms=is_rms, x_dtype=dtype, weight_dtype=dtype, has_bias=fused and not is_rms, target=target
                 )
-                yield forward(1, 4, n, has_residual=fused, eps=1e-6, **kw)
-                yield backward(1, 4, n, has_dh=fused, **kw)
+                yield forward(1, 64, n, has_residual=fused, eps=1e-6, **kw)
+                yield backward(1, 64, n, has_dh=fused, **kw)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Shared pieces of the row-wise kernels (norms, softmax, losses): sizing and the column reduction of partial sums.
 
 A row-wise op sees its input as R rows of N elements. A row of up to `MAX_ROW_BLOCK` elements is held in registers
-by one program (one read of the data); a wider row is streamed in `WIDE_ROW_BLOCK`-element chunks, two passes over
-it (the second pass mostly hits L2).
+by one program (one read of the data). A wider row is streamed in `WIDE_ROW_BLOCK`-element chunks by one program
+(softmax, cross-entropy: an online pass, then a second pass that hits L2 only while the rows in flight fit in it), or
+split across programs in two launches (the norms, norms.py).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ MAX_ROW_BLOCK = 16384  # elements held in registers per row (fp32 after upcast: 
 WIDE_ROW_BLOCK = 4096  # chunk of a streamed row
 ELEMENTS_PER_THREAD = 8  # one 16-byte vector of bf16 per thread per tensor
 MAX_WARPS = 16  # 1024 threads on a 64-wide wavefront machine
-# one width per BLOCK_N bucket of the in-register path (1, 2, 4, ..., 16384) and one streamed width: the row-wise
-# ops' ahead-of-time compile matrix covers every configuration their heuristics can choose
+# one width per BLOCK_N bucket of the in-register path (1, 2, 4, ..., 16384) and one streamed (or split) width: the
+# row-wise ops' ahead-of-time compile matrix covers every configuration their heuristics can choose
 WIDTH_BUCKETS = (1,) + tuple(2**k + 1 for k in range(14)) + (4 * MAX_ROW_BLOCK + 1,)
 
 
