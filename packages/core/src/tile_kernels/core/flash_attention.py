@@ -545,14 +545,25 @@ def _bucket(head_dim: int) -> int:
     return 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
 
 
+# float32 tiles take twice the bytes (and IEEE dots, no tensor-core speed to feed): one small configuration per
+# bucket, within sm_80's 163 KiB of shared memory; one pipelining stage on wavefront-64 targets.
+_FP32 = {
+    "fwd": {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 1)},
+    "bwd": {64: ((32, 64, 4, 1), (64, 32, 4, 1)), 128: ((32, 64, 4, 1), (64, 32, 4, 1)),
+            256: ((16, 32, 4, 1), (32, 16, 4, 1))},
+}  # fmt: skip
+
+
 def configs(direction: str, head_dim: int, dtype: str, target: Target) -> list:
-    """The block configurations of the 'fwd' or 'bwd' kernels for this head dim and dtype; the first is the default.
-    float32 tiles take twice the bytes: the smallest configuration of the bucket only."""
-    found = {"fwd": _FWD, "bwd": _BWD}[direction][64 if target.warp_size == 64 else 32][_bucket(head_dim)]
+    """The block configurations of the 'fwd' or 'bwd' kernels for this head dim and dtype; the first is the
+    default."""
+    wave64 = target.warp_size == 64
     if dtype == "float32":
-        area = (lambda c: c[0] * c[1]) if direction == "fwd" else (lambda c: c[0][0] * c[0][1] + c[1][0] * c[1][1])
-        return [min(found, key=area)]
-    return found
+        config = _FP32[direction][_bucket(head_dim)]
+        if wave64:
+            config = config[:3] + (1,) if direction == "fwd" else tuple(c[:3] + (1,) for c in config)
+        return [config]
+    return {"fwd": _FWD, "bwd": _BWD}[direction][64 if wave64 else 32][_bucket(head_dim)]
 
 
 def _window(causal: bool, window, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
