@@ -51,10 +51,13 @@ from .rows import MAX_ROW_BLOCK, WIDTH_BUCKETS, programs_per_problem, row_block,
 BACKWARD_MAX_ROW_BLOCK = 8192  # in-register rows of the backward (h, dy, dh, weight and two accumulators live)
 SPLIT_BLOCK = 8192  # elements of a row segment, one program each, in the split forward and the split backward's dx
 BACKWARD_STATS_TILE = (1, 2048)  # rows x columns a step of the split backward's statistics program
-# Programs of the split backward's statistics launch per SM: all resident at once (one wave, so that none is left
-# to a tail and its last tiles are still in L2 for the dx launch). Measured for cuda:90 (Triton 3.9, 256 threads a
-# program): 48 registers (rms_norm), 63 (layer_norm), 75 (with bias; 86 in fp32) -> 5, 4, 3 (2) programs a SM.
-BACKWARD_STATS_PROGRAMS_PER_SM = {(True, False): 5, (False, False): 4, (False, True): 3}
+# Programs of the split backward's statistics launch per SM, keyed (is_rms, has_bias, fp32 input): all resident at
+# once (one wave: none is left to a tail, and their last tiles are still in L2 for the dx launch). From the register
+# counts on cuda:90 (Triton 3.9, 256 threads a program): rms_norm 40 (fp32: 48), layer_norm 60 (64), with bias 64 (86).
+BACKWARD_STATS_PROGRAMS_PER_SM = {
+    (True, False, False): 6, (True, False, True): 5, (False, False, False): 4, (False, False, True): 4,
+    (False, True, False): 4, (False, True, True): 2,
+}  # fmt: skip
 SEGMENT_SUMS_BLOCK = 64  # per-row partial sums read per step
 
 
@@ -296,9 +299,9 @@ def norm_bwd_stats_kernel(
     for m in range(g * group_rows, tl.minimum((g + 1) * group_rows, rows), BLOCK_M):
         r = b * rows + m + tl.arange(0, BLOCK_M)
         h, dy, mean, rstd = nxt
+        nxt = _load_tile(DY, H, MEAN, RSTD, r + BLOCK_M, end, stride_dy, stride_h, cols, cmask, IS_RMS)
         dy = dy.to(tl.float32)
         xhat = (h.to(tl.float32) - mean[:, None]) * rstd[:, None]  # finite where masked, and multiplied by dy = 0
-        nxt = _load_tile(DY, H, MEAN, RSTD, r + BLOCK_M, end, stride_dy, stride_h, cols, cmask, IS_RMS)
         wdy = w[None, :] * dy
         part = PARTIAL + (r * C + c) * 2
         tl.store(part, tl.sum(xhat * wdy, axis=1), mask=r < end)
@@ -457,7 +460,7 @@ def backward(
     else:  # split rows: row sums and weight-gradient partials, then dx (see the module docstring)
         tile_rows, tile_cols = BACKWARD_STATS_TILE
         chunks = cdiv(n, tile_cols)
-        per_sm = BACKWARD_STATS_PROGRAMS_PER_SM[is_rms, has_bias] - (has_bias and x_dtype == "float32")
+        per_sm = BACKWARD_STATS_PROGRAMS_PER_SM[is_rms, has_bias, x_dtype == "float32"]
         groups = max(1, min(cdiv(rows, tile_rows), per_sm * target.num_sms // chunks))
         group_rows = cdiv(cdiv(rows, groups), tile_rows) * tile_rows
         groups = cdiv(rows, group_rows)
