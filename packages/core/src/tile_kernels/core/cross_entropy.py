@@ -8,8 +8,11 @@ Backward, with g the row's cotangent (dloss, or dloss / count for mean, 0 for ig
 
 Forward: rows of up to MAX_ROW_BLOCK classes are read once into registers, in tiles of TILE elements (several
 narrow rows a tile) by a persistent grid of programs that load the next tile while the current one reduces (max,
-then sum of exp); x[target] is gathered, not reduced. Wider vocabularies (128K) are streamed with an online max /
-sum, one row a program step. A reduction ('mean' / 'sum') is a second, one-program launch over the per-row losses.
+then sum of exp); x[target] is gathered, not reduced. Wider rows (128K vocabularies) are split: a program per
+SEGMENT classes of a row writes the segment's (max, sum of exp, sum), a second launch combines them per row (one
+read of the logits, one exp a logit; a row per program streaming its chunks was latency-bound and spent two exps a
+logit on the online rescaling, kept only where fused_linear_cross_entropy writes the gradient in place in a second
+pass over the row). A reduction ('mean' / 'sum') is a last, one-program launch over the per-row losses.
 Bytes per logit (s = element size; design limit): forward s, plus per row the target read and 12 bytes written
 (loss, lse, valid flag; the reduction reads 8 of them again), backward 2s. The backward recomputes softmax from the
 saved lse, fully parallel over (row, vocabulary block). A target outside [0, V) that is not ignore_index gives a NaN
@@ -31,13 +34,22 @@ import triton.language as tl
 from . import checks
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Rows, Target, cdiv, dtype_name, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, register, round_to
-from .rows import WIDTH_BUCKETS, online_max_sum_step, online_max_sum_total, programs_per_problem, row_block
+from .rows import (
+    MAX_ROW_BLOCK,
+    WIDTH_BUCKETS,
+    online_max_sum_step,
+    online_max_sum_total,
+    programs_per_problem,
+    row_block,
+)
 
 NAME = "cross_entropy"
 REDUCTIONS = ("none", "sum", "mean")
 TARGET_DTYPES = ("int32", "int64")
 TILE = 4096  # elements of a forward tile: narrow rows are read several at a time
 REDUCE_BLOCK = 16384  # row losses a step of the loss reduction (one step at 16K rows)
+SEGMENT = 8192  # classes a program of the split forward of rows wider than MAX_ROW_BLOCK
+COMBINE_ROWS, COMBINE_SEGMENTS = 16, 32  # rows and segments a step of its combining launch
 
 
 @triton.jit
@@ -157,6 +169,66 @@ def cross_entropy_fwd_kernel(
                     x = tl.load(x_ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
                     d = g_row * _dlogits(x, lse, cols, t, smoothing, V, SMOOTH)
                     tl.store(DLOGITS + row * V + cols, d.to(DLOGITS.dtype.element_ty), mask=cols < V)
+
+
+@triton.jit
+def cross_entropy_segment_kernel(
+    LOGITS, rows, V, stride_row,
+    PARTIAL,
+    BLOCK_V: tl.constexpr, SMOOTH: tl.constexpr,
+):  # fmt: skip
+    """Split forward of wide rows, step 1. Grid (S * rows, batch), S = cdiv(V, BLOCK_V) segments a row: one segment
+    in registers, PARTIAL[row, s] = (max, sum of exp(x - max) (0 when the max is -inf), sum of x)."""
+    S = tl.cdiv(V, BLOCK_V)
+    s = tl.program_id(0) % S
+    row = tl.program_id(1).to(tl.int64) * rows + tl.program_id(0) // S
+    cols = s * BLOCK_V + tl.arange(0, BLOCK_V)
+    x = tl.load(LOGITS + row * stride_row + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
+    m = tl.max(x, axis=0)
+    part = PARTIAL + (row * S + s) * 3
+    tl.store(part, m)
+    tl.store(part + 1, tl.where(m > -float("inf"), tl.sum(tl.exp(x - m), axis=0), 0.0))
+    if SMOOTH:
+        tl.store(part + 2, tl.sum(tl.where(cols < V, x, 0.0), axis=0))
+
+
+@triton.jit
+def cross_entropy_combine_kernel(
+    LOGITS, TARGET, PARTIAL, rows, V, stride_row, ignore_index, smoothing,
+    LOSS, LSE, VALID,
+    BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, SEGMENT: tl.constexpr, SMOOTH: tl.constexpr,
+    HAS_VALID: tl.constexpr,
+):  # fmt: skip
+    """Split forward of wide rows, step 2. Grid (cdiv(rows, BLOCK_M), batch): lse of BLOCK_M rows from their segments'
+    PARTIAL (max m_s, sum s_s: lse = m + log(sum of s_s * exp(m_s - m))), x[target] gathered, then as the one-pass
+    kernel: loss, lse and valid flag of each row."""
+    S = tl.cdiv(V, SEGMENT)
+    row0 = tl.program_id(1).to(tl.int64) * rows
+    r = row0 + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_end = row0 + rows
+    m = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        seg = s0 + tl.arange(0, BLOCK_S)
+        mask = (r < row_end)[:, None] & (seg < S)[None, :]
+        m = tl.maximum(m, tl.max(tl.load(PARTIAL + (r[:, None] * S + seg[None, :]) * 3, mask=mask,
+                                         other=-float("inf")), axis=1))  # fmt: skip
+    shift = tl.where(m > -float("inf"), m, 0.0)  # (rows past the end, or of -inf logits only: no inf - inf)
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    sum_x = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        seg = s0 + tl.arange(0, BLOCK_S)
+        mask = (r < row_end)[:, None] & (seg < S)[None, :]
+        part = PARTIAL + (r[:, None] * S + seg[None, :]) * 3
+        m_s = tl.load(part, mask=mask, other=-float("inf"))
+        s_s = tl.load(part + 1, mask=mask, other=0.0)
+        total += tl.sum(tl.where(m_s > -float("inf"), s_s * tl.exp(m_s - shift[:, None]), 0.0), axis=1)
+        if SMOOTH:
+            sum_x += tl.sum(tl.load(part + 2, mask=mask, other=0.0), axis=1)
+    t = tl.load(TARGET + r, mask=r < row_end, other=0).to(tl.int64)
+    x_t = tl.load(LOGITS + r * stride_row + t, mask=(r < row_end) & (t >= 0) & (t < V), other=0.0).to(tl.float32)
+    lse = shift + tl.log(tl.where(r < row_end, total, 1.0))
+    _row_losses(LOSS, LSE, VALID, r, row_end, lse, x_t, sum_x, t, V, ignore_index, smoothing, SMOOTH,
+                HAS_VALID)  # fmt: skip
 
 
 @triton.jit
@@ -293,13 +365,28 @@ def forward(
     if reduced:  # per-row losses and valid flags
         buffers |= {n: BufferSpec((batch, max(rows, 1)), "float32", zeroed=empty) for n in ("row_loss", "valid")}
     launches = []
-    if not empty:
+    outs = dict(loss="row_loss" if reduced else "loss", lse="lse", valid="valid" if reduced else None)
+    stride_row = n_classes if stride_row is None else stride_row
+    if empty:
+        pass
+    elif n_classes <= MAX_ROW_BLOCK:
         launches.append(
-            forward_launch(batch, rows, n_classes, logits="logits", labels="target",
-                           loss="row_loss" if reduced else "loss", lse="lse", valid="valid" if reduced else None,
-                           ignore_index=ignore_index, label_smoothing=label_smoothing, target=target,
-                           stride_row=stride_row)
+            forward_launch(batch, rows, n_classes, logits="logits", labels="target", **outs, ignore_index=ignore_index,
+                           label_smoothing=label_smoothing, target=target, stride_row=stride_row)
         )  # fmt: skip
+    else:  # wide rows split across programs: segment (max, sum of exp) in one launch, combined per row in a second
+        segments = cdiv(n_classes, SEGMENT)
+        buffers["partial"] = BufferSpec((batch, rows, segments, 3), "float32")
+        smooth = label_smoothing > 0
+        launches += [
+            Launch(cross_entropy_segment_kernel, (segments * rows, batch), ("logits", rows, n_classes, stride_row),
+                   ("partial",), dict(BLOCK_V=SEGMENT, SMOOTH=smooth), num_warps=row_block(SEGMENT, target)[2]),
+            Launch(cross_entropy_combine_kernel, (cdiv(rows, COMBINE_ROWS), batch),
+                   ("logits", "target", "partial", rows, n_classes, stride_row, ignore_index, float(label_smoothing)),
+                   (outs["loss"], "lse", outs["valid"]),
+                   dict(BLOCK_M=COMBINE_ROWS, BLOCK_S=COMBINE_SEGMENTS, SEGMENT=SEGMENT, SMOOTH=smooth,
+                        HAS_VALID=reduced), num_warps=4),
+        ]  # fmt: skip
     if reducing:
         launches.append(reduce_launch(batch, rows, reduction, row_loss="row_loss", valid="valid", loss="loss",
                                       count="count"))  # fmt: skip
