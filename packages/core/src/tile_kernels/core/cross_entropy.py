@@ -126,8 +126,8 @@ def cross_entropy_fwd_kernel(
     WRITE_GRAD, DLOGITS (rows of V, may be LOGITS itself) gets the row's gradient for a unit cotangent (0 when
     ignored). ONE_BLOCK: a tile [BLOCK_M, BLOCK_V] in registers, the next tile's loads in flight while this one
     reduces (a row per program ran at a third of copy speed: one 8 KiB load, then three dependent block reductions).
-    Else one row at a time, streamed with an online max / sum. x[target] is gathered before any store of its row, so
-    an in-place gradient cannot race with it."""
+    Else (G = rows: a program per row) the row is streamed with an online max / sum. x[target] is gathered before any
+    store of its row, so an in-place gradient cannot race with it."""
     g = tl.program_id(0)
     G = tl.num_programs(0)
     row0 = tl.program_id(1).to(tl.int64) * rows
@@ -303,10 +303,11 @@ def forward_launch(
     """The forward kernel over batch*rows rows of logits; `valid` (fp32 flags) for a reduction; `dlogits` for the
     unit-cotangent gradient (may be `logits`: in place)."""
     block, one_block, warps = row_block(n_classes, target)
-    tile_rows = max(1, TILE // block) if one_block else 1
-    warps = row_block(tile_rows * block, target)[2]
-    # persistent programs: as many as fill each SM's 2048 threads (registers permitting)
-    programs = programs_per_problem(cdiv(rows, tile_rows), target, waves=max(1, 2048 // (warps * target.warp_size)))
+    programs, tile_rows = rows, 1  # streamed rows: a program per row
+    if one_block:  # persistent programs over tiles, as many as fill each SM's 2048 threads (registers permitting)
+        tile_rows = max(1, TILE // block)
+        warps = row_block(tile_rows * block, target)[2]
+        programs = programs_per_problem(cdiv(rows, tile_rows), target, waves=max(1, 2048 // (warps * target.warp_size)))
     return Launch(
         cross_entropy_fwd_kernel,
         grid=(programs, batch),
