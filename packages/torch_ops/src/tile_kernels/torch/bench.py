@@ -264,6 +264,7 @@ class Provider:
                 o = [o for o in _as_tuple(fn(**call)) if o.requires_grad]
                 torch.autograd.grad(o, list(leaves.values()), cts)
 
+            step_ms, step_note = _graph_ms(step, stream)
             try:  # replay the recorded backward
                 torch.autograd.grad(outs, list(leaves.values()), cts, retain_graph=True)
                 bwd_ms, bwd_note = _graph_ms(
@@ -271,9 +272,7 @@ class Provider:
                 )
             except RuntimeError:  # a backward that cannot run twice (gradients scaled in place)
                 del outs
-                step_ms, bwd_note = _graph_ms(step, stream)
                 train_fwd_ms, _ = _graph_ms(lambda: fn(**call), stream)
-                bwd_ms, bwd_note = step_ms - train_fwd_ms, "bwd = step - forward with autograd recording. " + bwd_note
-            step_ms, step_note = _graph_ms(step, stream)
+                bwd_ms, bwd_note = step_ms - train_fwd_ms, "bwd = step - forward with autograd recording."
         notes = " ".join(dict.fromkeys(n for n in (note, bwd_note, step_note) if n))
         return Timing(name, fwd_ms, bwd_ms, step_ms=step_ms, peak_mib=peak, note=notes)
