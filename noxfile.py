@@ -1,4 +1,5 @@
-"""Sessions: tests (CPU, Triton interpreter), gpu_tests-cuda, gpu_tests-rocm, sanitize-cuda, bench, aot, example, lint.
+"""Sessions: tests (CPU, Triton interpreter; then aot-oldest-triton), gpu_tests-cuda, gpu_tests-rocm, sanitize-cuda,
+bench, aot, aot-oldest-triton, example, lint.
 
 `nox -l` lists them. The CPU sessions install torch's CPU build first (TILE_KERNELS_TORCH overrides the requirement),
 so that nothing later pulls a multi-GB CUDA build."""
@@ -11,6 +12,7 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH_CPU = os.environ.get("TILE_KERNELS_TORCH", "torch==2.13.0")
+OLDEST_TRITON = "triton==3.6.0"  # pyproject's lower bound (what torch 2.11 pins): its compiler differs from the newest
 
 
 def _install_cpu_stack(session):
@@ -24,6 +26,7 @@ def tests(session):
     _install_cpu_stack(session)
     env = {"TILE_KERNELS_TEST_DEVICE": "cpu", "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
     session.run("pytest", "-n", "auto", "--dist", "loadgroup", *session.posargs, env=env)
+    session.notify("aot-oldest-triton")
 
 
 def _has(session, module: str) -> bool:
@@ -118,6 +121,15 @@ def aot(session):
     Arguments go to `tile-kernels aot` (e.g. -- --target hip:gfx942 --out prebuilt/)."""
     session.install("-e", ".")
     session.run("tile-kernels", "aot", *session.posargs, env={"TRITON_INTERPRET": "0"})
+
+
+@nox.session(name="aot-oldest-triton")
+def aot_oldest_triton(session):
+    """The Triton kernels' AOT matrix compiled by the oldest Triton the package allows (the suite's `tests` session
+    runs it after itself: the CPU suite's AOT tests use the newest Triton)."""
+    session.install(OLDEST_TRITON, "numpy")
+    session.install("--no-deps", "-e", ".")
+    session.run("tile-kernels", "aot", "--quiet", *session.posargs, env={"TRITON_INTERPRET": "0"})
 
 
 @nox.session

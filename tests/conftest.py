@@ -44,3 +44,18 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if DEVICE == "g
 @pytest.fixture(params=sorted(DRIVERS), scope="session")
 def driver(request):
     return DRIVERS[request.param](DEVICE)
+
+
+_REPORT_LOG = os.environ.get("TILE_KERNELS_REPORT_LOG")
+
+
+def pytest_runtest_logreport(report):
+    """With TILE_KERNELS_REPORT_LOG=FILE every finished test appends its outcome (and a failure's report) there as it
+    ends (written by the controller under xdist), so that a run on a time-boxed GPU machine that is cut off still
+    leaves what it found."""
+    if not _REPORT_LOG or (report.when != "call" and report.passed) or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with open(_REPORT_LOG, "a") as log:
+        log.write(f"{report.outcome.upper()} {report.nodeid} ({report.when}, {report.duration:.1f} s)\n")
+        if report.failed:
+            log.write(report.longreprtext[-6000:] + "\n\n")

@@ -38,10 +38,14 @@ def _peer(framework: str, op: str):
             return torch.from_numpy(v) if isinstance(v, np.ndarray) else v
 
         return lambda kw: [o.double().numpy() for o in _tuple(EAGER[op](**{k: to(v) for k, v in kw.items()}))]
-    pytest.importorskip("jax")
+    jax = pytest.importorskip("jax")
     from tile_kernels.jax.bench import REFERENCE
 
-    return lambda kw: [np.asarray(o, np.float64) for o in _tuple(REFERENCE[op](**kw))]
+    def call(kw):  # float32 products in float32 (a GPU's default is TF32), as the CPU computes them
+        with jax.default_matmul_precision("highest"):
+            return [np.asarray(o, np.float64) for o in _tuple(REFERENCE[op](**kw))]
+
+    return call
 
 
 def _tuple(out):

@@ -128,6 +128,7 @@ def cross_entropy_fwd_kernel(
     reduces (a row per program ran at a third of copy speed: one 8 KiB load, then three dependent block reductions).
     Else (G = rows: a program per row) the row is streamed with an online max / sum. x[target] is gathered before any
     store of its row, so an in-place gradient cannot race with it."""
+    smoothing = tl.cast(smoothing, tl.float32)  # torch.compile passes floats as fp64
     g = tl.program_id(0)
     G = tl.num_programs(0)
     row0 = tl.program_id(1).to(tl.int64) * rows
@@ -202,28 +203,32 @@ def cross_entropy_combine_kernel(
     """Split forward of wide rows, step 2. Grid (cdiv(rows, BLOCK_M), batch): lse of BLOCK_M rows from their segments'
     PARTIAL (max m_s, sum s_s: lse = m + log(sum of s_s * exp(m_s - m))), x[target] gathered, then as the one-pass
     kernel: loss, lse and valid flag of each row."""
+    smoothing = tl.cast(smoothing, tl.float32)  # torch.compile passes floats as fp64
     S = tl.cdiv(V, SEGMENT)
     row0 = tl.program_id(1).to(tl.int64) * rows
     r = row0 + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_end = row0 + rows
-    m = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+    # the running max and sums stay (BLOCK_M, BLOCK_S) tiles, reduced once after each loop (fewer reductions; a
+    # reduction inside the loop also trips Triton 3.6's thread-locality pass)
+    m = tl.full([BLOCK_M, BLOCK_S], -float("inf"), dtype=tl.float32)
     for s0 in range(0, S, BLOCK_S):
         seg = s0 + tl.arange(0, BLOCK_S)
         mask = (r < row_end)[:, None] & (seg < S)[None, :]
-        m = tl.maximum(m, tl.max(tl.load(PARTIAL + (r[:, None] * S + seg[None, :]) * 3, mask=mask,
-                                         other=-float("inf")), axis=1))  # fmt: skip
+        m = tl.maximum(m, tl.load(PARTIAL + (r[:, None] * S + seg[None, :]) * 3, mask=mask, other=-float("inf")))
+    m = tl.max(m, axis=1)
     shift = tl.where(m > -float("inf"), m, 0.0)  # (rows past the end, or of -inf logits only: no inf - inf)
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    sum_x = tl.zeros([BLOCK_M], dtype=tl.float32)
+    total = tl.zeros([BLOCK_M, BLOCK_S], dtype=tl.float32)
+    sum_x = tl.zeros([BLOCK_M, BLOCK_S], dtype=tl.float32)
     for s0 in range(0, S, BLOCK_S):
         seg = s0 + tl.arange(0, BLOCK_S)
         mask = (r < row_end)[:, None] & (seg < S)[None, :]
         part = PARTIAL + (r[:, None] * S + seg[None, :]) * 3
         m_s = tl.load(part, mask=mask, other=-float("inf"))
         s_s = tl.load(part + 1, mask=mask, other=0.0)
-        total += tl.sum(tl.where(m_s > -float("inf"), s_s * tl.exp(m_s - shift[:, None]), 0.0), axis=1)
+        total += tl.where(m_s > -float("inf"), s_s * tl.exp(m_s - shift[:, None]), 0.0)
         if SMOOTH:
-            sum_x += tl.sum(tl.load(part + 2, mask=mask, other=0.0), axis=1)
+            sum_x += tl.load(part + 2, mask=mask, other=0.0)
+    total, sum_x = tl.sum(total, axis=1), tl.sum(sum_x, axis=1)
     t = tl.load(TARGET + r, mask=r < row_end, other=0).to(tl.int64)
     x_t = tl.load(LOGITS + r * stride_row + t, mask=(r < row_end) & (t >= 0) & (t < V), other=0.0).to(tl.float32)
     lse = shift + tl.log(tl.where(r < row_end, total, 1.0))
@@ -255,6 +260,7 @@ def cross_entropy_bwd_kernel(
 ):  # fmt: skip
     """Grid (rows, cdiv(V, BLOCK_V), batch). REDUCTION: 0 none, 1 sum, 2 mean. DLOGITS (rows of V) may be LOGITS
     itself (each element is read by the program that then writes it)."""
+    smoothing = tl.cast(smoothing, tl.float32)  # torch.compile passes floats as fp64
     b = tl.program_id(2).to(tl.int64)
     row = b * rows + tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)

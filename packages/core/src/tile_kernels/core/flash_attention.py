@@ -148,6 +148,7 @@ def flash_fwd_kernel(
     SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(Sq, BLOCK_M), B * Hq). OUT (B, Sq, Hq, D) compact, LSE (B, Hq, Sq) fp32 in base 2."""
+    scale, softcap = tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)  # torch.compile passes floats as fp64
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // heads_q, bh % heads_q
@@ -321,6 +322,7 @@ def flash_bwd_dkdv_kernel(
     SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(Sk, BLOCK_N), B * Hk). DK, DV (B, Sk, Hk, D) compact."""
+    scale, softcap = tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)  # torch.compile passes floats as fp64
     bh = tl.program_id(1).to(tl.int64)
     b, hk = bh // heads_k, bh % heads_k
     group = heads_q // heads_k
@@ -410,6 +412,7 @@ def flash_bwd_dq_kernel(
     SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(Sq, BLOCK_M), B * Hq). DQ (B, Sq, Hq, D) compact."""
+    scale, softcap = tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)  # torch.compile passes floats as fp64
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // heads_q, bh % heads_q

@@ -96,6 +96,7 @@ def norm_fwd_kernel(
     IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Grid (rows, batch): one program per row, the row (up to BLOCK_N elements) in registers."""
+    eps = tl.cast(eps, tl.float32)  # torch.compile passes floats as fp64
     b = tl.program_id(1).to(tl.int64)
     row = b * rows + tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -182,6 +183,7 @@ def norm_fwd_apply_kernel(
     """Split forward, step 2. Grid as step 1, rows last first (the h that step 1 wrote last is still in L2): the
     row's (mean, rstd) from its PARTIAL sums (stored by segment 0's program), and y over one segment of SRC (h, or x
     without a residual)."""
+    eps = tl.cast(eps, tl.float32)  # torch.compile passes floats as fp64
     S = tl.cdiv(N, BLOCK_N)
     b, row, s = _segment(S, rows, True)
     mean, rstd = _row_stats_of_segments(PARTIAL + row * S * 2, S, N, eps, IS_RMS, BLOCK_N, BLOCK_S)

@@ -2,8 +2,9 @@
 
 `row_local(op, call, ins, outs, split)` wraps a kernel call `call(*arrays) -> list of arrays` whose arrays and
 outputs are named dim by dim by the factor specs `ins` / `outs`. Arrays sharded along factors in `split` stay sharded:
-  * sharding in types (a mesh with Explicit axes): the call runs inside a shard_map over the mesh axes that shard
-    split factors; an array sharded along another factor is resharded first (a gather, visible in the program);
+  * sharding in types (a mesh with Explicit axes): the call runs inside a shard_map over the mesh, split factors
+    sharded, the rest replicated; an array sharded along another factor is resharded first (a gather, visible in
+    the program);
   * jit with NamedSharding inputs (Auto axes): a custom_partitioning whose rule lets XLA keep split factors sharded
     and makes it gather the others; the per-device lowering is the same body as the shard_map's;
   * inside a shard_map, or on one device: the call itself (custom_partitioning lowers to it there).
@@ -75,9 +76,6 @@ class _Plan:
     ins: tuple  # PartitionSpec per input
     outs: tuple  # PartitionSpec per output
 
-    def used(self) -> tuple[str, ...]:
-        return tuple(a for axes in self.axes.values() for a in axes)
-
 
 def _plan(layout: _Layout, specs: Sequence[tuple], axis_sizes: dict) -> _Plan:
     """The first input that shards a split factor decides its axes; the rest follow it, whole otherwise."""
@@ -141,11 +139,33 @@ def _shard_mapped(call, layout, sharded_body, arrays, explicit):
         a if _padded(spec, a.ndim) == _padded(want, a.ndim) else jax.sharding.reshard(a, NamedSharding(mesh, want))
         for a, spec, want in zip(arrays, specs, plan.ins)
     ]  # fmt: skip
-    if not plan.axes:
-        return list(call(*arrays))
+    # manual over every mesh axis (the call sees plain per-device arrays, even where nothing splits: array ops on
+    # Explicit-sharded values inside the call would have to agree on shardings)
     body = _body(call, layout, plan, sharded_body)
-    mapped = jax.shard_map(body, mesh=mesh, in_specs=plan.ins, out_specs=plan.outs, axis_names=set(plan.used()))
-    return list(mapped(*arrays))
+    outs = jax.shard_map(body, mesh=mesh, in_specs=plan.ins, out_specs=plan.outs)(*arrays)
+    back = _as_given(layout, specs)  # a gathered factor goes back to the axes it came on, as its type said
+    same = [_padded(got, o.ndim) == _padded(want, o.ndim) for o, got, want in zip(outs, plan.outs, back)]
+    return [o if s else jax.sharding.reshard(o, NamedSharding(mesh, w)) for o, s, w in zip(outs, same, back)]
+
+
+def _as_given(layout: _Layout, specs: Sequence[tuple]) -> tuple:
+    """Output specs with every factor on the mesh axes the first input that sharded it used (a mesh axis at most once
+    per spec)."""
+    given: dict = {}
+    for factors, spec in zip(layout.ins, specs):
+        for factor, entry in zip(factors, spec):
+            if _axes(entry):
+                given.setdefault(factor, _axes(entry))
+    out = []
+    for factors in layout.outs:
+        used: set = set()
+        entries = []
+        for factor in factors:
+            axes = given.get(factor, ())
+            entries.append(None if used & set(axes) else _entry(axes))
+            used |= set(axes)
+        out.append(P(*entries))
+    return tuple(out)
 
 
 def _partitioned(call, layout, sharded_body, arrays):
