@@ -4,9 +4,10 @@ statically onto per-SM queues for a persistent kernel.
     step = build_decode_step(config, weights)       # config: DecoderConfig or an HF config dict
     hidden = step(token_hidden, kv_cache, position)  # kv_cache (layers, 2, max_seq, kv_heads, head_dim), in place
 
-backend="triton" is the persistent GPU kernel (kernel.py describes it; not built yet: it raises a clear error);
-backend="interpreter" runs the same graph and schedule task by task on CPU tensors (interpret.py), the executable
-specification the GPU kernel is tested against. reference.decode_step is the eager torch ground truth."""
+backend="triton" is the persistent Triton kernel (kernel.py: one launch a step on a CUDA GPU; Triton's interpreter
+on CPU tensors with TRITON_INTERPRET=1); backend="interpreter" runs the same graph and schedule task by task on CPU
+tensors (interpret.py), the executable specification the kernel is tested against. reference.decode_step is the
+eager torch ground truth."""
 
 from __future__ import annotations
 
@@ -45,13 +46,16 @@ BACKENDS = ("triton", "interpreter")
 
 
 class DecodeStep:
-    """A built decode step: `step(token_hidden, kv_cache, position) -> hidden`, plus its graph and schedule."""
+    """A built decode step: `step(token_hidden, kv_cache, position) -> hidden`, plus its graph and schedule;
+    `kernel` is the persistent kernel's launcher (kernel.Megakernel) for backend="triton"."""
 
-    def __init__(self, config, graph, sched, packed, backend, seed):
-        self.config, self.graph, self.schedule, self.backend = config, graph, sched, backend
+    def __init__(self, config, graph, sched, packed, backend, seed, kernel=None):
+        self.config, self.graph, self.schedule, self.backend, self.kernel = config, graph, sched, backend, kernel
         self._packed, self._rng = packed, random.Random(seed) if seed is not None else None
 
     def __call__(self, token_hidden, kv_cache, position: int):
+        if self.kernel is not None:
+            return self.kernel(token_hidden, kv_cache, position)
         return interpret(self.graph, self.schedule, self._packed, token_hidden, kv_cache, position, rng=self._rng)
 
 
@@ -64,10 +68,19 @@ def build_decode_step(
     tiling: Tiling | None = None,
     context_hint: int | None = None,
     seed: int | None = None,
+    debug: bool = False,
+    timeout_s: float = 1.0,
 ) -> DecodeStep:
-    """Builds the task graph, schedules it on `num_sms` queues (default: the GPU's SM count, or 132 for the
-    interpreter), checks the schedule, and returns the step. `tiling` defaults to Tiling.auto; `context_hint` (default
-    max_seq) only balances the schedule; `seed` makes the interpreter pick a random legal interleaving per call."""
+    """Builds the task graph, schedules it on `num_sms` queues (default: the GPU's SM count, or 132 on a CPU), checks
+    the schedule, and returns the step. `tiling` defaults to Tiling.auto; `context_hint` (default max_seq) only
+    balances the schedule; `seed` picks a random legal interleaving of the queues (per call for the interpreter
+    backend, once for the Triton kernel on a CPU).
+
+    backend="triton": the persistent kernel, one launch a step; weights on a CUDA GPU (grid = num_sms, cooperative
+    launch), or on the CPU with TRITON_INTERPRET=1 (Triton's interpreter, grid=(1,), one queue holding every task in
+    a legal order). debug=True arms the watchdog: a wait longer than `timeout_s` aborts the step and the call raises a
+    RuntimeError naming the stuck task and counter (each call then synchronizes). backend="interpreter": the
+    reference interpreter of the same graph and schedule (CPU tensors)."""
     if backend not in BACKENDS:
         raise ValueError(f"build_decode_step: backend must be one of {BACKENDS}, got {backend!r}")
     if isinstance(config, dict):
@@ -79,20 +92,30 @@ def build_decode_step(
     if backend == "triton":
         import torch
 
-        if device.type != "cuda" or not torch.cuda.is_available():
+        from tile_kernels.core.host import interpreting
+
+        if device.type == "cpu" and not interpreting():
             raise RuntimeError(
-                f"build_decode_step(backend='triton') needs a CUDA GPU and weights on it, got weights on {device}"
-                f" (CUDA available: {torch.cuda.is_available()}); backend='interpreter' runs the same task graph on CPU"
+                "build_decode_step(backend='triton') needs a CUDA GPU and weights on it, or TRITON_INTERPRET=1 set "
+                f"before importing triton to run the kernel on the CPU; got weights on {device} (CUDA available: "
+                f"{torch.cuda.is_available()}); backend='interpreter' runs the same task graph on CPU"
             )
-        raise RuntimeError(
-            "build_decode_step(backend='triton'): the persistent Triton kernel is not built yet (see "
-            "tile_kernels/megakernel/kernel.py for its design); backend='interpreter' runs the task graph on CPU"
-        )
-    if device.type != "cpu":
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"build_decode_step(backend='triton'): needs weights on cuda or cpu, got {device}")
+        if num_sms is None:
+            num_sms = 132 if device.type == "cpu" else torch.cuda.get_device_properties(device).multi_processor_count
+    elif device.type != "cpu":
         raise ValueError(f"build_decode_step(backend='interpreter'): needs weights on cpu, got {device}")
     num_sms = 132 if num_sms is None else num_sms
     tiling = tiling or Tiling.auto(config, num_sms)
     graph = build_graph(config, tiling, context_hint, weight_bytes=layers[0]["q"].element_size())
     sched = schedule(graph, num_sms)
     check_schedule(graph, sched)
-    return DecodeStep(config, graph, sched, pack_weights(config, layers), backend, seed)
+    packed = pack_weights(config, layers)
+    kernel = None
+    if backend == "triton":
+        from .kernel import Megakernel
+
+        kernel = Megakernel(graph, sched, packed, device, debug=debug, timeout_s=timeout_s, seed=seed)
+        packed = None  # the kernel holds its own copy (the weight arena)
+    return DecodeStep(config, graph, sched, packed, backend, seed, kernel)

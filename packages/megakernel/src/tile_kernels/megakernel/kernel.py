@@ -56,182 +56,606 @@ import triton.language as tl
 from .graph import Kind, TaskGraph
 from .schedule import TASK_FIELDS, Schedule, encode
 
-# buffer kinds of the arena: row b of the offset table holds each layer's offset of buffer BUFFERS[b]
-BUFFERS = (
-    "x",
-    "h",
-    "n1",
-    "n2",
-    "att",
-    "act",
-    "w_attn_norm",
-    "w_mlp_norm",
-    "wqkv",
-    "qkv",
-    "wo",
-    "wgate",
-    "wup",
-    "wdown",
-)
-SUPPORTED = (Kind.NORM, Kind.QKV, Kind.OPROJ, Kind.GATEUP, Kind.DOWN)
+# rows of the offset table OFFS (buffer, layer): scratch buffers index the float32 arena A, weights the arena W
+SCRATCH = ("x", "h", "n1", "n2", "qkv", "q", "att", "act")
+WEIGHTS = ("w_attn_norm", "w_mlp_norm", "wqkv", "wo", "wgate", "wup", "wdown")
+BUFFERS = SCRATCH + WEIGHTS
+B_X, B_H, B_N1, B_N2, B_QKV, B_Q, B_ATT, B_ACT = (tl.constexpr(i) for i in range(8))
+B_WAN, B_WMN, B_WQKV, B_WO, B_WG, B_WU, B_WD = (tl.constexpr(8 + i) for i in range(7))
+NF = tl.constexpr(len(TASK_FIELDS))
+ERR_FIELDS = ("flag", "program", "task", "counter", "value", "expected")
+PERSISTENT, STAGED = 0, 1  # MODE: one program per SM walking its queue / one program per task of one stage
+
+
+# ------------------------------------------------------------------------------------- PTX helpers (GPU path only)
 
 
 @triton.jit
-def _base(ARENA, OFFS, buf, layer, NL):
-    return ARENA + tl.load(OFFS + buf * NL + layer)
+def _ld_acquire(ptr):
+    return tl.inline_asm_elementwise(
+        "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _nanosleep(ns):
+    tl.inline_asm_elementwise("nanosleep.u32 $1;\nmov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_l2(ptr, nbytes, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr):
+    """Bulk L2 prefetch of nbytes (a multiple of 16, 16-byte aligned) from ptr: PF_CHUNKS chunks of PF_BYTES, one a
+    thread; chunks past the end are predicated off."""
+    c = tl.arange(0, PF_CHUNKS)
+    addr = ptr.to(tl.pointer_type(tl.int8), bitcast=True) + c.to(tl.int64) * PF_BYTES
+    size = tl.minimum(nbytes - c.to(tl.int64) * PF_BYTES, PF_BYTES).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{\n.reg .pred p;\nsetp.gt.s32 p, $2, 0;\n@p cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;\n}",
+        "=r,l,r",
+        [addr, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------ task bodies
+
+
+@triton.jit
+def _ptr(ARENA, OFFS, buf, layer, NL1):
+    return ARENA + tl.load(OFFS + buf * NL1 + layer)
+
+
+@triton.jit
+def _load_x(XIN, A, OFFS, layer, NL1, idx, mask):
+    """x[layer] (the residual stream entering the layer): the step's input for layer 0, else float32 scratch."""
+    if layer == 0:
+        v = tl.load(XIN + idx, mask=mask, other=0.0).to(tl.float32)
+    else:
+        v = tl.load(_ptr(A, OFFS, B_X, layer, NL1) + idx, mask=mask, other=0.0, cache_modifier=".cg")
+    return v
 
 
 @triton.jit
 def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """rows [lo, hi) of the row-major (., K) matrix W times the vector X: fp32 (BLOCK_N,), masked past hi."""
+    """rows [lo, hi) of the row-major (., K) matrix W times the float32 vector X: fp32 (BLOCK_N,), masked past hi."""
     rows = lo + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(W + rows[:, None] * K + cols[None, :], mask=(rows[:, None] < hi) & (cols[None, :] < K), other=0.0)
-        x = tl.load(X + cols, mask=cols < K, other=0.0)
-        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        x = tl.load(X + cols, mask=cols < K, other=0.0, cache_modifier=".cg")
+        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     return acc
 
 
 @triton.jit
-def run_tasks_kernel(
-    ARENA,
+def _task(
+    kind,
+    layer,
+    lo,
+    hi,
+    split,
+    W,
+    A,
+    KV,
+    XIN,
+    OUT,
     OFFS,
-    TASKS,
-    ORDER,
-    n,
+    ROPE,
+    position,
     NL,
     H,
     INTER,
-    QD,
-    HQ,
+    HK,
+    MAXSEQ,
     S,
     eps,
-    B_X: tl.constexpr,
-    B_H: tl.constexpr,
-    B_N1: tl.constexpr,
-    B_N2: tl.constexpr,
-    B_ATT: tl.constexpr,
-    B_ACT: tl.constexpr,
-    B_WAN: tl.constexpr,
-    B_WMN: tl.constexpr,
-    B_WQKV: tl.constexpr,
-    B_QKV: tl.constexpr,
-    B_WO: tl.constexpr,
-    B_WG: tl.constexpr,
-    B_WU: tl.constexpr,
-    B_WD: tl.constexpr,
-    NF: tl.constexpr,
+    sm_scale,
+    G: tl.constexpr,
     D: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BN_QKV: tl.constexpr,
+    BK_QKV: tl.constexpr,
+    BN_O: tl.constexpr,
+    BK_O: tl.constexpr,
+    BN_GU: tl.constexpr,
+    BK_GU: tl.constexpr,
+    BN_D: tl.constexpr,
+    BK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    BLOCK_HQ: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_DH: tl.constexpr,
 ):
-    """Runs tasks ORDER[0:n] one after the other (the caller orders them legally). Task row: TASK_FIELDS."""
-    rows_h = tl.arange(0, BLOCK_H)
-    for i in range(n):
-        t = tl.load(ORDER + i)
-        kind = tl.load(TASKS + t * NF)
+    """One task (graph.py's table of kinds); `kind` is a constexpr in staged launches (one body compiled)."""
+    NL1 = NL + 1
+    HQ = HK * G
+    QD = HQ * D
+    if kind == 0:  # NORM: y = x * rsqrt(mean(x^2) + eps) * w (tile 0: attention norm of x[l], tile 1: MLP norm of h)
+        cols = tl.arange(0, BLOCK_H)
+        cm = cols < H
+        if lo == 0:
+            x = _load_x(XIN, A, OFFS, layer, NL1, cols, cm)
+            w = tl.load(_ptr(W, OFFS, B_WAN, layer, NL1) + cols, mask=cm, other=0.0).to(tl.float32)
+            dst = _ptr(A, OFFS, B_N1, layer, NL1)
+        else:
+            x = tl.load(_ptr(A, OFFS, B_H, layer, NL1) + cols, mask=cm, other=0.0, cache_modifier=".cg")
+            w = tl.load(_ptr(W, OFFS, B_WMN, layer, NL1) + cols, mask=cm, other=0.0).to(tl.float32)
+            dst = _ptr(A, OFFS, B_N2, layer, NL1)
+        r = tl.rsqrt(tl.sum(x * x) / H + eps)
+        tl.store(dst + cols, x * r * w, mask=cm)
+    elif kind == 1:  # QKV: qkv[lo:hi] = Wqkv[lo:hi] n1
+        rows = lo + tl.arange(0, BN_QKV)
+        acc = _gemv(_ptr(W, OFFS, B_WQKV, layer, NL1), _ptr(A, OFFS, B_N1, layer, NL1), lo, hi, H, BN_QKV, BK_QKV)
+        tl.store(_ptr(A, OFFS, B_QKV, layer, NL1) + rows, acc, mask=rows < hi)
+    elif kind == 2:  # ROPE of group g = lo: rows (G q heads, k_g, v_g) of qkv; (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)
+        j = tl.arange(0, BLOCK_R)[:, None]  # row of the group: q heads 0..G-1, then k (G), then v (G + 1)
+        i = tl.arange(0, BLOCK_DH)[None, :]
+        m = (j < G + 2) & (i < D // 2)
+        seg = _ptr(A, OFFS, B_QKV, layer, NL1) + lo * (G + 2) * D + j * D
+        x1 = tl.load(seg + i, mask=m, other=0.0, cache_modifier=".cg")
+        x2 = tl.load(seg + D // 2 + i, mask=m, other=0.0, cache_modifier=".cg")
+        c = tl.load(ROPE + position * (D // 2) + i, mask=i < D // 2, other=1.0)
+        s = tl.load(ROPE + (MAXSEQ + position) * (D // 2) + i, mask=i < D // 2, other=0.0)
+        rot = j <= G  # v is not rotated
+        y1 = tl.where(rot, x1 * c - x2 * s, x1)
+        y2 = tl.where(rot, x2 * c + x1 * s, x2)
+        q = _ptr(A, OFFS, B_Q, layer, NL1) + (lo * G + j) * D
+        tl.store(q + i, y1, mask=m & (j < G))
+        tl.store(q + D // 2 + i, y2, mask=m & (j < G))
+        # KV cache row `position`: (layers, 2, max_seq, HK, D); k = row G, v = row G + 1
+        kv = KV + ((layer.to(tl.int64) * 2 + (j - G)) * MAXSEQ + position) * HK * D + lo * D
+        km = m & (j >= G)
+        tl.store(kv + i, y1.to(KV.dtype.element_ty), mask=km)
+        tl.store(kv + D // 2 + i, y2.to(KV.dtype.element_ty), mask=km)
+    elif kind == 3:  # ATTN of group g = lo, split s: (o, m, l) over positions [a, e) of 0..position
+        n = position + 1
+        chunk = (n + S - 1) // S
+        a = tl.minimum(n, split * chunk)
+        e = tl.minimum(n, a + chunk)
+        jg = tl.arange(0, BLOCK_G)
+        dd = tl.arange(0, BLOCK_D)
+        qm = (jg[:, None] < G) & (dd[None, :] < D)
+        qp = _ptr(A, OFFS, B_Q, layer, NL1) + (lo * G + jg[:, None]) * D + dd[None, :]
+        q = tl.load(qp, mask=qm, other=0.0, cache_modifier=".cg") * sm_scale  # (G, D)
+        kbase = KV + (layer.to(tl.int64) * 2 * MAXSEQ) * HK * D + lo * D
+        vbase = kbase + MAXSEQ.to(tl.int64) * HK * D
+        m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+        l_i = tl.zeros((BLOCK_G,), tl.float32)
+        o = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
+        for t0 in range(a, e, BLOCK_T):
+            tt = t0 + tl.arange(0, BLOCK_T)
+            km = (tt[:, None] < e) & (dd[None, :] < D)
+            k = tl.load(kbase + tt[:, None] * (HK * D) + dd[None, :], mask=km, other=0.0, cache_modifier=".cg")
+            v = tl.load(vbase + tt[:, None] * (HK * D) + dd[None, :], mask=km, other=0.0, cache_modifier=".cg")
+            sc = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # (G, T)
+            sc = tl.where((tt < e)[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # finite: every block holds a position
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(sc - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            o = o * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            m_i = m_new
+        rec = _ptr(A, OFFS, B_ATT, layer, NL1) + (split * HQ + lo * G + jg) * (D + 2)  # (split, head, [o, m, l])
+        tl.store(rec[:, None] + dd[None, :], o, mask=qm)
+        tl.store(rec + D, m_i, mask=jg < G)
+        tl.store(rec + D + 1, l_i, mask=jg < G)
+    elif kind == 4:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] a, a = the splits' partials combined chunk by chunk
+        rows = lo + tl.arange(0, BN_O)
+        att = _ptr(A, OFFS, B_ATT, layer, NL1)
+        wo = _ptr(W, OFFS, B_WO, layer, NL1)
+        sp = tl.arange(0, BLOCK_S)[:, None]
+        acc = tl.zeros((BN_O,), tl.float32)
+        for k0 in range(0, QD, BK_O):
+            cols = k0 + tl.arange(0, BK_O)  # = head * D + d
+            cm = (cols < QD)[None, :]
+            rec = att + (sp * HQ + cols[None, :] // D) * (D + 2)
+            sm = (sp < S) & cm
+            # a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s; padded splits m = -inf, padded columns m 0, l 1, o 0
+            m = tl.where(cm, tl.load(rec + D, mask=sm, other=float("-inf"), cache_modifier=".cg"), 0.0)
+            ell = tl.where(cm, tl.load(rec + D + 1, mask=sm, other=0.0, cache_modifier=".cg"), 1.0)
+            o = tl.load(rec + cols[None, :] % D, mask=sm, other=0.0, cache_modifier=".cg")
+            scale = tl.exp(m - tl.max(m, axis=0)[None, :])
+            a = tl.sum(scale * o, axis=0) / tl.sum(scale * ell, axis=0)
+            w = tl.load(wo + rows[:, None] * QD + cols[None, :], mask=(rows[:, None] < hi) & cm, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+        res = _load_x(XIN, A, OFFS, layer, NL1, rows, rows < hi)
+        tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + acc, mask=rows < hi)
+    elif kind == 5:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] n2) * (Wu[lo:hi] n2)
+        rows = lo + tl.arange(0, BN_GU)
+        n2 = _ptr(A, OFFS, B_N2, layer, NL1)
+        g = _gemv(_ptr(W, OFFS, B_WG, layer, NL1), n2, lo, hi, H, BN_GU, BK_GU)
+        u = _gemv(_ptr(W, OFFS, B_WU, layer, NL1), n2, lo, hi, H, BN_GU, BK_GU)
+        tl.store(_ptr(A, OFFS, B_ACT, layer, NL1) + rows, g * tl.sigmoid(g) * u, mask=rows < hi)
+    elif kind == 6:  # DOWN: x[l + 1][lo:hi] = h[lo:hi] + Wd[lo:hi] act (the last layer writes the step's output)
+        rows = lo + tl.arange(0, BN_D)
+        acc = _gemv(_ptr(W, OFFS, B_WD, layer, NL1), _ptr(A, OFFS, B_ACT, layer, NL1), lo, hi, INTER, BN_D, BK_D)
+        y = tl.load(_ptr(A, OFFS, B_H, layer, NL1) + rows, mask=rows < hi, other=0.0, cache_modifier=".cg") + acc
+        if layer + 1 == NL:
+            tl.store(OUT + rows, y.to(OUT.dtype.element_ty), mask=rows < hi)
+        else:
+            tl.store(_ptr(A, OFFS, B_X, layer + 1, NL1) + rows, y, mask=rows < hi)
+
+
+@triton.jit
+def _prefetch_task(kind, layer, lo, hi, W, OFFS, NL1, H, INTER, QD, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr):
+    """L2 prefetch of the task's weight rows [lo, hi) (contiguous in the row-major matrices)."""
+    es = W.dtype.element_ty.primitive_bitwidth // 8
+    if kind == 1:
+        _prefetch_l2(_ptr(W, OFFS, B_WQKV, layer, NL1) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
+    elif kind == 4:
+        _prefetch_l2(_ptr(W, OFFS, B_WO, layer, NL1) + lo * QD, (hi - lo) * QD * es, PF_CHUNKS, PF_BYTES)
+    elif kind == 5:
+        _prefetch_l2(_ptr(W, OFFS, B_WG, layer, NL1) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
+        _prefetch_l2(_ptr(W, OFFS, B_WU, layer, NL1) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
+    elif kind == 6:
+        _prefetch_l2(_ptr(W, OFFS, B_WD, layer, NL1) + lo * INTER, (hi - lo) * INTER * es, PF_CHUNKS, PF_BYTES)
+
+
+@triton.jit
+def _report(ERR, pid, t, cid, v, target):
+    """The first stuck program records (flag, program, task, counter, value seen, expected); the flag also aborts."""
+    if tl.atomic_cas(ERR, 0, 1, sem="relaxed", scope="gpu") == 0:
+        tl.store(ERR + 1, pid)
+        tl.store(ERR + 2, t)
+        tl.store(ERR + 3, cid)
+        tl.store(ERR + 4, v)
+        tl.store(ERR + 5, target)
+
+
+@triton.jit
+def _wait(ptr, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET: tl.constexpr, DEBUG: tl.constexpr):
+    """Returns alive (1) once counter *ptr >= target, or 0 when the step aborts (debug watchdog / interpreter)."""
+    if INTERPRET:  # programs run one after another: a wait not met now never will be
+        v = tl.load(ptr)
+        if v < target:
+            _report(ERR, pid, t, cid, v, target)
+            alive = alive * 0
+    else:
+        v = _ld_acquire(ptr)
+        ns = pid * 0 + 64
+        if DEBUG:
+            start = _globaltimer()
+        while (v < target) & (alive != 0):
+            _nanosleep(ns)
+            ns = tl.minimum(ns * 2, 1024)
+            v = _ld_acquire(ptr)
+            if DEBUG:
+                if _ld_acquire(ERR) != 0:  # another program's watchdog fired
+                    alive = alive * 0
+                elif _globaltimer() - start > timeout_ns:
+                    _report(ERR, pid, t, cid, v, target)
+                    alive = alive * 0
+    return alive
+
+
+@triton.jit
+def decode_kernel(
+    W,
+    A,
+    KV,
+    XIN,
+    OUT,
+    OFFS,
+    ROPE,
+    TASKS,
+    WAITS,
+    QPTR,
+    QTASKS,
+    COUNTERS,
+    ERR,
+    epoch,
+    position,
+    task0,
+    NL,
+    H,
+    INTER,
+    HK,
+    MAXSEQ,
+    S,
+    eps,
+    sm_scale,
+    timeout_ns,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BN_QKV: tl.constexpr,
+    BK_QKV: tl.constexpr,
+    BN_O: tl.constexpr,
+    BK_O: tl.constexpr,
+    BN_GU: tl.constexpr,
+    BK_GU: tl.constexpr,
+    BN_D: tl.constexpr,
+    BK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DH: tl.constexpr,
+    PF_CHUNKS: tl.constexpr,
+    PF_BYTES: tl.constexpr,
+    MODE: tl.constexpr,
+    KIND: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    DEBUG: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """PERSISTENT: program pid runs QTASKS[QPTR[pid]:QPTR[pid + 1]], each after its waits (counter >= epoch x
+    threshold), then signals its counter. STAGED: program pid runs task task0 + pid of kind KIND, no counters (the
+    launch order is the dependency; with PDL, griddepcontrol waits for the previous launch)."""
+    pid = tl.program_id(0)
+    NL1 = NL + 1
+    QD = HK * G * D
+    if MODE == 1:
+        t = task0 + pid
         layer = tl.load(TASKS + t * NF + 1)
         lo = tl.load(TASKS + t * NF + 2)
         hi = tl.load(TASKS + t * NF + 3)
-        rows = lo + tl.arange(0, BLOCK_N)
-        if kind == 0:  # NORM: y = x * rsqrt(mean(x^2) + eps) * w (tile 0: attention norm, tile 1: MLP norm)
-            first = lo == 0
-            x = tl.load(_base(ARENA, OFFS, tl.where(first, B_X, B_H), layer, NL) + rows_h, mask=rows_h < H, other=0.0)
-            w = tl.load(_base(ARENA, OFFS, tl.where(first, B_WAN, B_WMN), layer, NL) + rows_h, mask=rows_h < H)
-            r = tl.rsqrt(tl.sum(x * x) / H + eps)
-            tl.store(_base(ARENA, OFFS, tl.where(first, B_N1, B_N2), layer, NL) + rows_h, x * r * w, mask=rows_h < H)
-        elif kind == 1:  # QKV: qkv[lo:hi] = Wqkv[lo:hi] n1
-            acc = _gemv(
-                _base(ARENA, OFFS, B_WQKV, layer, NL), _base(ARENA, OFFS, B_N1, layer, NL), lo, hi, H, BLOCK_N, BLOCK_K
+        split = tl.load(TASKS + t * NF + 4)
+        if PREFETCH:
+            _prefetch_task(KIND, layer, lo, hi, W, OFFS, NL1, H, INTER, QD, PF_CHUNKS, PF_BYTES)
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # the previous launch has finished and its writes are visible
+            tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
+        _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
+              eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
+              BLOCK_G, BLOCK_R, BLOCK_D, BLOCK_DH)  # fmt: skip
+    else:
+        alive = pid * 0 + 1
+        for i in range(tl.load(QPTR + pid), tl.load(QPTR + pid + 1)):
+            if alive != 0:
+                t = tl.load(QTASKS + i)
+                kind = tl.load(TASKS + t * NF)
+                layer = tl.load(TASKS + t * NF + 1)
+                lo = tl.load(TASKS + t * NF + 2)
+                hi = tl.load(TASKS + t * NF + 3)
+                split = tl.load(TASKS + t * NF + 4)
+                if PREFETCH:  # weights never wait: start streaming them to L2 before spinning
+                    _prefetch_task(kind, layer, lo, hi, W, OFFS, NL1, H, INTER, QD, PF_CHUNKS, PF_BYTES)
+                for w in range(tl.load(TASKS + t * NF + 5), tl.load(TASKS + t * NF + 6)):
+                    cid = tl.load(WAITS + 2 * w)
+                    target = tl.load(WAITS + 2 * w + 1) * epoch
+                    alive = _wait(COUNTERS + cid, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET, DEBUG)
+                if alive != 0:
+                    tl.debug_barrier()  # no warp reads before every warp has seen the counters
+                    _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
+                          MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
+                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_R, BLOCK_D, BLOCK_DH)  # fmt: skip
+                    tl.debug_barrier()  # every warp's stores issued before the release
+                    tl.atomic_add(COUNTERS + tl.load(TASKS + t * NF + 7), 1, sem="release", scope="gpu")
+
+
+# ------------------------------------------------------------------------------------------------------------- host
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(1, n))
+
+
+class Megakernel:
+    """The arenas, tables and launches of decode_kernel for one graph and schedule on one device, allocated once.
+
+    Weights live in one arena W of their dtype (each buffer 64-element aligned), activations in one float32 arena A
+    (NaN-filled at allocation), the RoPE table (cos, sin of position x inv_freq for every position, float64 -> float32)
+    beside; x[0] is read from the step's input and the last layer's DOWN writes the step's output. On a CPU tensor
+    device (TRITON_INTERPRET=1) the kernel runs in Triton's interpreter with grid=(1,) over one queue holding every
+    task in a legal interleaving of the schedule's queues: the waits are then plain loads that must already be met
+    (a wait that is not records the stuck task like the watchdog), so the interpreter checks the task bodies and the
+    counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs."""
+
+    def __init__(
+        self,
+        graph: TaskGraph,
+        sched: Schedule,
+        packed: dict,
+        device,
+        *,
+        debug: bool = False,
+        timeout_s: float = 1.0,
+        num_warps: int = 8,
+        prefetch: bool | None = None,
+        seed: int | None = None,
+    ):
+        import random
+
+        import torch
+
+        from tile_kernels.core.host import interpreting
+
+        from .check import run_queues
+
+        c, t = graph.config, graph.tiling
+        self.graph, self.schedule, self.debug, self.num_warps = graph, sched, debug, num_warps
+        self.device = torch.device(device)
+        self.interpret = self.device.type == "cpu"
+        if self.interpret != interpreting():
+            raise RuntimeError(
+                f"megakernel: tensors on {self.device} need TRITON_INTERPRET "
+                + ("=1 set before importing triton (CPU: Triton's interpreter)" if self.interpret else "unset (GPU)")
             )
-            tl.store(_base(ARENA, OFFS, B_QKV, layer, NL) + rows, acc, mask=rows < hi)
-        elif kind == 4:  # OPROJ: combine the splits' (o, m, l), then h[lo:hi] = x[lo:hi] + Wo[lo:hi] a
-            att = _base(ARENA, OFFS, B_ATT, layer, NL)
-            s = tl.arange(0, BLOCK_S)[:, None, None]
-            hq = tl.arange(0, BLOCK_HQ)[None, :, None]
-            d = tl.arange(0, BLOCK_D)[None, None, :]
-            sh = (s < S) & (hq < HQ)
-            rec = att + (s * HQ + hq) * (D + 2)
-            # padded splits: m = -inf (weight 0); padded heads: m = 0, l = 1, o = 0 (a = 0, no 0 / 0)
-            m = tl.load(rec + D, mask=sh, other=float("-inf"))  # (S, HQ, 1)
-            m = tl.where(hq < HQ, m, 0.0)
-            ell = tl.load(rec + D + 1, mask=sh, other=0.0)
-            ell = tl.where(hq < HQ, ell, 1.0)
-            o = tl.load(rec + d, mask=sh & (d < D), other=0.0)
-            scale = tl.exp(m - tl.max(m, axis=0)[None, :, :])
-            a = tl.sum(scale * o, axis=0) / tl.sum(scale * ell, axis=0)  # (HQ, D)
-            # Wo[lo:hi] is (rows, HQ * D): contract over heads and dims
-            r3 = rows[:, None, None]
-            wmask = (r3 < hi) & (hq < HQ) & (d < D)
-            w = tl.load(_base(ARENA, OFFS, B_WO, layer, NL) + r3 * QD + hq * D + d, mask=wmask, other=0.0)
-            acc = tl.sum(tl.sum(w * a[None, :, :], axis=2), axis=1)
-            res = tl.load(_base(ARENA, OFFS, B_X, layer, NL) + rows, mask=rows < hi, other=0.0)
-            tl.store(_base(ARENA, OFFS, B_H, layer, NL) + rows, res + acc, mask=rows < hi)
-        elif kind == 5:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] n2) * (Wu[lo:hi] n2)
-            n2 = _base(ARENA, OFFS, B_N2, layer, NL)
-            g = _gemv(_base(ARENA, OFFS, B_WG, layer, NL), n2, lo, hi, H, BLOCK_N, BLOCK_K)
-            u = _gemv(_base(ARENA, OFFS, B_WU, layer, NL), n2, lo, hi, H, BLOCK_N, BLOCK_K)
-            tl.store(_base(ARENA, OFFS, B_ACT, layer, NL) + rows, g * tl.sigmoid(g) * u, mask=rows < hi)
-        elif kind == 6:  # DOWN: x[l + 1][lo:hi] = h[lo:hi] + Wd[lo:hi] act
-            acc = _gemv(
-                _base(ARENA, OFFS, B_WD, layer, NL),
-                _base(ARENA, OFFS, B_ACT, layer, NL),
-                lo,
-                hi,
-                INTER,
-                BLOCK_N,
-                BLOCK_K,
+        if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"megakernel: timeout_s must be a number > 0, got {timeout_s!r}")
+        weights = [packed[f"{b}[{layer}]"] for b in WEIGHTS for layer in range(c.num_layers)]
+        self.dtype = weights[0].dtype
+        nl1, align = c.num_layers + 1, 64
+        offs = torch.zeros((len(BUFFERS), nl1), dtype=torch.int64)
+        size_w = size_a = 0
+        for row, b in enumerate(BUFFERS):
+            for layer in range(nl1):
+                name = f"{b}[{layer}]"
+                if name not in graph.buffers or name in graph.inputs and b in SCRATCH or name == graph.output:
+                    continue  # x[0] is the input, x[L] the output
+                if b in WEIGHTS:
+                    offs[row, layer], size_w = size_w, size_w + -(-graph.buffers[name] // align) * align
+                else:
+                    offs[row, layer], size_a = size_a, size_a + -(-graph.buffers[name] // align) * align
+        self.W = torch.empty(max(size_w, 1), dtype=self.dtype, device=self.device)
+        for row, b in enumerate(WEIGHTS, len(SCRATCH)):
+            for layer in range(c.num_layers):
+                w = packed[f"{b}[{layer}]"]
+                self.W[offs[row, layer] : offs[row, layer] + w.numel()].copy_(w.reshape(-1))
+        self.A = torch.full((max(size_a, 1),), float("nan"), dtype=torch.float32, device=self.device)
+        self.offs = offs.to(self.device)
+        angle = torch.arange(c.max_seq, dtype=torch.float64)[:, None] * torch.tensor(c.rope_inv_freq())[None, :]
+        self.rope = torch.stack([angle.cos(), angle.sin()]).to(torch.float32).reshape(-1).to(self.device)
+        if self.interpret:  # one queue: a legal interleaving, then whatever could not run (the kernel reports it)
+            pick = random.Random(seed).choice if seed is not None else None
+            order, stuck = run_queues(graph, sched.queues, pick=pick)
+            done = set(order)
+            rest = [tid for q, _ in stuck for tid in sched.queues[q] if tid not in done]
+            queues = Schedule((tuple(order + rest),))
+        else:
+            queues = sched
+        enc = encode(graph, queues)
+        self.grid = (len(queues.queues),)
+        tables = {k: torch.from_numpy(enc[k]).to(self.device) for k in ("tasks", "waits", "queue_ptr", "queue_tasks")}
+        self.tasks, self.waits, self.queue_ptr, self.queue_tasks = (tables[k] for k in tables)
+        if self.waits.numel() == 0:
+            self.waits = torch.zeros(2, dtype=torch.int32, device=self.device)
+        self.counters = torch.zeros(max(1, len(graph.counters)), dtype=torch.int32, device=self.device)
+        self.err = torch.zeros(len(ERR_FIELDS), dtype=torch.int32, device=self.device)
+        self.max_threshold = max((th for task in graph.tasks for _, th in task.waits), default=1)
+        self.epoch = 0
+        # stages for the staged (per-op launch) baseline: runs of consecutive tasks of one kind and layer
+        self.stages: list[tuple[int, int, int]] = []
+        for task in graph.tasks:
+            last = self.stages[-1] if self.stages else None
+            if last and last[0] == task.kind and graph.tasks[last[1]].layer == task.layer and task.kind != Kind.NORM:
+                self.stages[-1] = (last[0], last[1], last[2] + 1)
+            else:
+                self.stages.append((int(task.kind), task.id, 1))
+        es = self.W.element_size()
+        ks = (c.hidden, c.intermediate, c.q_size)
+        budget = 8192
+
+        def bk(bn: int, k: int) -> int:
+            return max(16, min(_pow2(k), budget // bn))
+
+        nqkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        rows = {"qkv": (t.qkv, nqkv), "o": (t.o, c.hidden), "gu": (t.gateup, c.intermediate), "d": (t.down, c.hidden)}
+        bn = {k: _pow2(min(r, n)) for k, (r, n) in rows.items()}
+        max_bytes = max(
+            min(t.qkv, nqkv) * c.hidden, min(t.o, c.hidden) * c.q_size, min(t.gateup, c.intermediate) * c.hidden,
+            min(t.down, c.hidden) * c.intermediate,
+        ) * es  # fmt: skip
+        if prefetch is None:
+            prefetch = not self.interpret and torch.cuda.get_device_capability(self.device) >= (9, 0)
+        self.prefetch = bool(prefetch) and all(k * es % 16 == 0 for k in ks)
+        self.meta = dict(
+            G=c.group,
+            D=c.head_dim,
+            BLOCK_H=_pow2(c.hidden),
+            BN_QKV=bn["qkv"],
+            BK_QKV=bk(bn["qkv"], c.hidden),
+            BN_O=bn["o"],
+            BK_O=bk(max(bn["o"], 4 * _pow2(t.kv_splits)), c.q_size),
+            BN_GU=bn["gu"],
+            BK_GU=bk(2 * bn["gu"], c.hidden),
+            BN_D=bn["d"],
+            BK_D=bk(bn["d"], c.intermediate),
+            BLOCK_S=_pow2(t.kv_splits),
+            BLOCK_T=max(1, min(32, budget // (_pow2(c.group) * _pow2(c.head_dim)))),
+            BLOCK_G=_pow2(c.group),
+            BLOCK_R=_pow2(c.group + 2),
+            BLOCK_D=_pow2(c.head_dim),
+            BLOCK_DH=_pow2(c.head_dim // 2),
+            PF_CHUNKS=128,
+            PF_BYTES=max(16, -(-max_bytes // 128 // 16) * 16),
+            INTERPRET=self.interpret,
+            DEBUG=bool(debug),
+            PREFETCH=self.prefetch,
+        )
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.scalars = (c.num_layers, c.hidden, c.intermediate, c.num_kv_heads, c.max_seq, t.kv_splits, c.rms_eps,
+                        c.head_dim**-0.5)  # fmt: skip
+
+    def _check(self, hidden, kv_cache, position):
+        from .reference import check_step_inputs
+
+        check_step_inputs(self.graph.config, hidden, kv_cache, position)
+        if hidden.device != self.device or kv_cache.device != self.device:
+            raise ValueError(
+                f"megakernel: hidden and kv_cache must be on {self.device}, got {hidden.device} and {kv_cache.device}"
             )
-            res = tl.load(_base(ARENA, OFFS, B_H, layer, NL) + rows, mask=rows < hi, other=0.0)
-            tl.store(_base(ARENA, OFFS, B_X, layer + 1, NL) + rows, res + acc, mask=rows < hi)
+        if not kv_cache.is_contiguous():
+            raise ValueError("megakernel: kv_cache must be contiguous (it is updated in place), got a strided view")
+        x = hidden.reshape(-1).contiguous()
+        return x, x.new_empty(x.shape)
+
+    def _launch(self, grid, x, out, kv_cache, position, epoch, task0, mode, kind=-1, pdl=False):
+        extra = {} if self.interpret else {"num_warps": self.num_warps}
+        if mode == PERSISTENT and not self.interpret:
+            extra["launch_cooperative_grid"] = True  # an over-sized grid fails at launch instead of hanging
+        if pdl:
+            extra["launch_pdl"] = True
+        decode_kernel[grid](
+            self.W, self.A, kv_cache, x, out, self.offs, self.rope, self.tasks, self.waits, self.queue_ptr,
+            self.queue_tasks, self.counters, self.err, epoch, position, task0, *self.scalars, self.timeout_ns,
+            MODE=mode, KIND=kind, PDL=pdl, **self.meta, **extra,
+        )  # fmt: skip
+
+    def __call__(self, hidden, kv_cache, position: int):
+        """One decode step in one launch: writes kv_cache[:, :, position] in place, returns the new hidden."""
+        x, out = self._check(hidden, kv_cache, position)
+        self.epoch += 1
+        if self.epoch * self.max_threshold > 2**31 - 1:  # before int32 wraps: the only reset of the counters
+            self.counters.zero_()
+            self.epoch = 1
+        self._launch(self.grid, x, out, kv_cache, position, self.epoch, 0, PERSISTENT)
+        if self.interpret or self.debug:
+            self.raise_if_stuck()
+        return out.reshape(hidden.shape)
+
+    def raise_if_stuck(self) -> None:
+        """After a launch (synchronizes): raises RuntimeError naming the stuck task and counter when a wait was not
+        met (the debug watchdog on a GPU, at once in the interpreter); the counters restart at epoch 0 then."""
+        flag, pid, tid, cid, value, expected = self.err.tolist()
+        if not flag:
+            return
+        self.err.zero_()
+        self.counters.zero_()
+        self.epoch = 0
+        g = self.graph
+        task = g.tasks[tid] if 0 <= tid < len(g.tasks) else None
+        raise RuntimeError(
+            f"megakernel: program {pid} stuck at {task.label if task else f'task {tid}'} waiting for "
+            f"{g.counters[cid] if 0 <= cid < len(g.counters) else f'counter {cid}'} = {value} < {expected}"
+            + (" (the watchdog's timeout ran out; the step was aborted)" if not self.interpret else "")
+        )
+
+    def staged(self, hidden, kv_cache, position: int, pdl: bool = False):
+        """The same task bodies as one launch per stage (op of a layer), in order, no counters: the CUDA graph
+        (+ PDL) baseline of the benchmark. With pdl, each launch prefetches its weights, then griddepcontrol-waits
+        for the previous one (programmatic dependent launch)."""
+        x, out = self._check(hidden, kv_cache, position)
+        for kind, first, count in self.stages:
+            self._launch((count,), x, out, kv_cache, position, 0, first, STAGED, kind, pdl)
+        return out.reshape(hidden.shape)
 
 
-def run_tasks(graph: TaskGraph, buffers: dict, order: list[int]) -> None:
-    """Runs the tasks `order` (kinds in SUPPORTED, a legal order) with grid=(1,) on `buffers` (graph buffer name ->
-    1-D float32 torch tensor, as interpret(..., buffers=) fills them), writing their outputs in place."""
-    import torch
+def compile_ahead(meta: dict, weight_dtype: str = "bf16", kv_dtype: str = "bf16", arch: int = 90, **modes):
+    """Compiles decode_kernel for an NVIDIA target without a GPU (TRITON_INTERPRET unset): the GPU path's PTX (the
+    acquire loads, nanosleep, globaltimer, bulk L2 prefetch, griddepcontrol) through ptxas. `meta` is a
+    Megakernel's meta (INTERPRET is overridden to False); `modes` sets MODE, KIND, DEBUG, PREFETCH, PDL."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
 
-    c, t = graph.config, graph.tiling
-    bad = [graph.tasks[i].label for i in order if graph.tasks[i].kind not in SUPPORTED]
-    if bad:
-        raise ValueError(f"run_tasks: task kinds not written yet in the kernel: {bad[:3]}")
-    nl = c.num_layers + 1
-    names = [[f"{b}[{layer}]" for layer in range(nl)] for b in BUFFERS]
-    present = [n for row in names for n in row if n in buffers]
-    sizes = [buffers[n].numel() for n in present]
-    arena = torch.cat([buffers[n].reshape(-1).to(torch.float32) for n in present])
-    start = dict(zip(present, [0, *list(torch.tensor(sizes).cumsum(0)[:-1].tolist())]))
-    offs = torch.tensor([[start.get(n, 0) for n in row] for row in names], dtype=torch.int64)
-    enc = encode(graph, Schedule(()))
-    block_n = triton.next_power_of_2(max(t.qkv, t.o, t.gateup, t.down))
-    run_tasks_kernel[(1,)](
-        arena,
-        offs,
-        torch.from_numpy(enc["tasks"]),
-        torch.tensor(order, dtype=torch.int32),
-        len(order),
-        nl,
-        c.hidden,
-        c.intermediate,
-        c.q_size,
-        c.num_heads,
-        t.kv_splits,
-        c.rms_eps,
-        *range(len(BUFFERS)),
-        len(TASK_FIELDS),
-        c.head_dim,
-        BLOCK_H=triton.next_power_of_2(c.hidden),
-        BLOCK_N=block_n,
-        BLOCK_K=16,
-        BLOCK_S=triton.next_power_of_2(t.kv_splits),
-        BLOCK_HQ=triton.next_power_of_2(c.num_heads),
-        BLOCK_D=triton.next_power_of_2(c.head_dim),
-    )
-    for n, size in zip(present, sizes):
-        buffers[n].copy_(arena[start[n] : start[n] + size].to(buffers[n].dtype))
+    ptrs = dict(W=weight_dtype, A="fp32", KV=kv_dtype, XIN=weight_dtype, OUT=weight_dtype, OFFS="i64", ROPE="fp32")
+    ptrs |= {k: "i32" for k in ("TASKS", "WAITS", "QPTR", "QTASKS", "COUNTERS", "ERR")}
+    ints = ("epoch", "position", "task0", "NL", "H", "INTER", "HK", "MAXSEQ", "S")
+    const = {**meta, "INTERPRET": False, "MODE": PERSISTENT, "KIND": -1, "PDL": False, **modes}
+    signature = {k: "*" + v for k, v in ptrs.items()} | dict.fromkeys(ints, "i32")
+    signature |= {"eps": "fp32", "sm_scale": "fp32", "timeout_ns": "i64"} | dict.fromkeys(const, "constexpr")
+    source = ASTSource(decode_kernel, signature, constexprs=const)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 8})
