@@ -5,10 +5,11 @@ over several steps with a growing context."""
 import math
 import os
 import random
+import re
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
@@ -357,8 +358,6 @@ def test_build_decode_step_interpreter_and_errors():
     for position in range(3):
         x, want = step(x, cache, position), decode_step(config, weights, x, cache_ref, position)
         torch.testing.assert_close(x, want, rtol=1e-10, atol=1e-10)
-    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        build_decode_step(config, weights)
     with pytest.raises(ValueError, match="backend must be one of"):
         build_decode_step(config, weights, backend="cuda")
     name = "model.layers.1.mlp.up_proj.weight"
@@ -374,40 +373,226 @@ def test_build_decode_step_interpreter_and_errors():
         step(torch.zeros(12), cache[:, :, :5], 0)
 
 
-# ------------------------------------------------------------------------------- the persistent kernel's task bodies
+# ------------------------------------------------------------------------------------------ the persistent kernel
+
+CPU = os.environ.get("TILE_KERNELS_TEST_DEVICE", "cpu") == "cpu"
+needs_interpreter = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU suite runs the kernel in Triton's interpreter"
+)
 
 
+def kernel_for(config, tiling, num_sms, weights, device="cpu", **kw):
+    from tile_kernels.megakernel.kernel import Megakernel
+
+    graph = build_graph(config, tiling)
+    sched = schedule(graph, num_sms)
+    packed = pack_weights(config, layer_weights(config, weights))
+    return Megakernel(graph, sched, packed, device, **kw)
+
+
+@needs_interpreter
+@settings(max_examples=8)
 @given(problems(max_layers=2), st.integers(0, 2**31 - 1))
-def test_kernel_task_bodies_match_the_interpreter(problem, seed):
-    """NORM, QKV, OPROJ, GATEUP and DOWN of the Triton kernel (grid=(1,), Triton's interpreter on CPU) recompute their
-    buffers, NaN-poisoned first, from the interpreter's ROPE/ATTN outputs, in a legal interleaving of the queues."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("the CPU suite runs the kernel in Triton's interpreter")
-    from tile_kernels.megakernel.check import run_queues
-    from tile_kernels.megakernel.kernel import SUPPORTED, run_tasks
-
+def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed):
+    """Every task body of the kernel (grid=(1,), Triton's interpreter), in a random legal interleaving of the queues,
+    writes its NaN-poisoned scratch buffers, the KV cache row and the output as the reference interpreter does."""
     config, tiling, num_sms = problem
-    graph, sched = built(config, tiling, num_sms)
-    packed = pack_weights(config, layer_weights(config, random_weights(config, seed, torch.float32)))
+    weights = random_weights(config, seed, torch.float32)
+    kernel = kernel_for(config, tiling, num_sms, weights, seed=seed)
     gen = torch.Generator().manual_seed(seed)
-    want: dict = {}
-    position = config.max_seq - 1
     cache = torch.randn(config.kv_cache_shape(), generator=gen)
-    interpret(
-        graph,
-        sched,
-        packed,
-        torch.randn(config.hidden, generator=gen),
-        cache,
-        position,
-        dtype=torch.float32,
-        buffers=want,
+    cache_ref = cache.clone()
+    x = torch.randn(config.hidden, generator=gen)
+    position = random.Random(seed).randrange(config.max_seq)
+    want: dict = {}
+    out_ref = interpret(kernel.graph, kernel.schedule, pack_weights(config, layer_weights(config, weights)), x,
+                        cache_ref, position, dtype=torch.float32, buffers=want)  # fmt: skip
+    out = kernel(x, cache, position)
+    for name in sorted(kernel.graph.buffers):
+        if name[: name.index("[")] in ("x", "h", "n1", "n2", "qkv", "q", "att", "act") and name in want:
+            if name in kernel.graph.inputs or name == kernel.graph.output:
+                continue
+            torch.testing.assert_close(kernel.scratch(name), want[name], rtol=1e-5, atol=1e-5, msg=name)
+    torch.testing.assert_close(cache, cache_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_interpreter
+def test_triton_step_over_a_growing_context_and_epochs():
+    """build_decode_step(backend="triton") on CPU: several steps against the float64 eager step; the counters end at
+    epoch x producers after every launch (no reset between steps), and restart when int32 would wrap."""
+    config = DecoderConfig(2, 24, 4, 2, 6, 40, 9, rope_scaling=None)
+    weights = random_weights(config, 5, torch.float32)
+    step = build_decode_step(config, weights, num_sms=3, tiling=Tiling(16, 8, 16, 8, 3), seed=1)
+    producers = torch.tensor([len(p) for p in step.graph.producers()], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(5)
+    cache = torch.randn(config.kv_cache_shape(), generator=gen)
+    cache_ref = cache.double()
+    x = torch.randn(1, config.hidden, generator=gen)
+    w64 = {k: v.double() for k, v in weights.items()}
+    for epoch, position in enumerate(range(4, 8), 1):
+        if epoch == 4:  # the next launch would overflow int32 thresholds: counters zeroed, epoch 1 again
+            step.kernel.epoch = (2**31 - 1) // step.kernel.max_threshold
+            epoch = 1
+        want = decode_step(config, w64, x.double(), cache_ref, position)
+        x = step(x, cache, position)
+        assert x.shape == (1, config.hidden) and x.dtype == torch.float32
+        torch.testing.assert_close(x.double(), want, rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(cache.double(), cache_ref, rtol=2e-5, atol=2e-5)
+        assert step.kernel.epoch == epoch
+        assert torch.equal(step.kernel.counters, epoch * producers)
+
+
+@needs_interpreter
+def test_staged_launches_match_the_persistent_kernel():
+    """The benchmark's per-op baseline: the same task bodies, one launch per op of a layer, no counters."""
+    config = DecoderConfig(2, 20, 6, 2, 4, 36, 7)
+    weights = random_weights(config, 9, torch.float32)
+    kernel = kernel_for(config, Tiling(16, 8, 12, 8, 2), 4, weights)
+    cache = torch.randn(config.kv_cache_shape(), generator=torch.Generator().manual_seed(9))
+    cache2 = cache.clone()
+    x = torch.randn(config.hidden)
+    for position in (0, 6):
+        want = kernel(x, cache, position)
+        got = kernel.staged(x, cache2, position)
+        assert torch.equal(cache, cache2)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert [k for k, _, _ in kernel.stages[:8]] == [0, 1, 2, 3, 4, 0, 5, 6]
+
+
+@needs_interpreter
+def test_an_unmet_wait_names_the_stuck_task_and_counter():
+    """A wait whose threshold no launch reaches: the step stops and raises, naming the task and the counter (the
+    debug watchdog's record; in the interpreter the wait is found unmet at once); the counters restart after."""
+    config = DecoderConfig(1, 12, 2, 1, 4, 16, 5)
+    weights = random_weights(config, 2, torch.float32)
+    kernel = kernel_for(config, Tiling(8, 8, 8, 8, 2), 2, weights)
+    graph = kernel.graph
+    oproj = next(t for t in graph.tasks if t.kind == Kind.OPROJ)
+    cid, th = oproj.waits[0]
+    kernel.waits[kernel.tasks[oproj.id, 5]] = torch.tensor([cid, th + 1], dtype=torch.int32)
+    cache = torch.randn(config.kv_cache_shape())
+    match = (
+        rf"program 0 stuck at {re.escape(oproj.label)} waiting for {re.escape(graph.counters[cid])} = {th} < {th + 1}"
     )
-    got = {name: t.clone() for name, t in want.items()}
-    written = {r.buffer for t in graph.tasks if t.kind in SUPPORTED for r in t.writes}
-    for name in written:
-        got[name].fill_(torch.nan)
-    order, _ = run_queues(graph, sched.queues, pick=random.Random(seed).choice)
-    run_tasks(graph, got, [i for i in order if graph.tasks[i].kind in SUPPORTED])
-    for name in sorted(written):
-        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=name)
+    with pytest.raises(RuntimeError, match=match):
+        kernel(torch.randn(12), cache, 3)
+    assert kernel.epoch == 0 and not kernel.counters.any() and not kernel.err.any()
+
+
+@needs_interpreter
+def test_triton_step_bad_inputs():
+    config = DecoderConfig(1, 8, 2, 1, 4, 8, 4)
+    step = build_decode_step(config, random_weights(config, 0, torch.float32), num_sms=2)
+    cache = torch.randn(config.kv_cache_shape())
+    strided = torch.randn(config.kv_cache_shape()[::-1]).permute(4, 3, 2, 1, 0)
+    with pytest.raises(ValueError, match="kv_cache must be contiguous"):
+        step(torch.zeros(8), strided, 0)
+    with pytest.raises(ValueError, match=r"position must be in \[0, 4\), got -1"):
+        step(torch.zeros(8), cache, -1)
+    with pytest.raises(TypeError, match="position must be an int, got float"):
+        step(torch.zeros(8), cache, 1.0)
+    with pytest.raises(ValueError, match="timeout_s must be a number > 0, got 0"):
+        build_decode_step(config, random_weights(config, 0, torch.float32), timeout_s=0)
+
+
+def test_the_gpu_path_compiles_for_sm90():
+    """Without a GPU: the persistent kernel (debug watchdog and L2 prefetch on) and a staged PDL launch compile for
+    sm_90 through ptxas, with the acquire loads, nanosleep backoff, globaltimer, release signal, bulk L2 prefetch and
+    griddepcontrol in the PTX (a subprocess: the suite's process interprets)."""
+    import json
+    import subprocess
+    import sys
+
+    code = """
+import json, sys
+from tile_kernels.megakernel.kernel import compile_ahead
+meta = json.loads(sys.argv[1])
+persistent = compile_ahead(meta, DEBUG=True, PREFETCH=True).asm["ptx"]
+staged = compile_ahead(meta, MODE=1, KIND=5, PDL=True, PREFETCH=True).asm["ptx"]
+print(json.dumps([persistent, staged]))
+"""
+    meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=256, BN_O=16, BK_O=128, BN_GU=64, BK_GU=64, BN_D=16,
+                BK_D=512, BLOCK_S=16, BLOCK_T=32, BLOCK_G=4, BLOCK_R=8, BLOCK_D=64, BLOCK_DH=32, PF_CHUNKS=128,
+                PF_BYTES=4096, INTERPRET=False, DEBUG=False, PREFETCH=True)  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(meta)], capture_output=True, text=True, env=env,
+                         timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    persistent, staged = json.loads(run.stdout.splitlines()[-1])
+    for needle in ("ld.acquire.gpu.global.b32", "nanosleep.u32", "%globaltimer", "red.global.gpu.release.add",
+                   "cp.async.bulk.prefetch.L2.global"):  # fmt: skip
+        assert needle in persistent, needle
+    assert "griddepcontrol.wait" in staged and "griddepcontrol.launch_dependents" in staged
+    assert "cp.async.bulk.prefetch.L2.global" in staged and "ld.acquire" not in staged
+
+
+# --------------------------------------------------------------------------------------------------------- GPU only
+
+gpu = pytest.mark.skipif(CPU, reason="needs TILE_KERNELS_TEST_DEVICE=gpu (a CUDA GPU)")
+
+
+def bf16_problem(config, seed, device="cuda"):
+    weights = {k: v.to(device, torch.bfloat16) for k, v in random_weights(config, seed, torch.float32).items()}
+    gen = torch.Generator().manual_seed(seed)
+    cache = (torch.randn(config.kv_cache_shape(), generator=gen) * 0.5).to(device, torch.bfloat16)
+    x = torch.randn(1, config.hidden, generator=gen).to(device, torch.bfloat16)
+    return weights, cache, x
+
+
+@gpu
+@pytest.mark.parametrize("shape", ["small", "llama-3.2-1b"])
+def test_gpu_kernel_matches_the_eager_step_over_a_growing_context(shape):
+    """The full-grid kernel on the GPU against the eager step: |kernel - ref64| <= 2 |eager bf16 - ref64| + atol,
+    several steps with a growing context, the KV cache rows too."""
+    if shape == "small":
+        config = DecoderConfig(3, 256, 8, 2, 32, 512, 96)
+        start, steps = 40, 4
+    else:
+        config = DecoderConfig.from_hf(LLAMA_3_2_1B, max_seq=1100)
+        start, steps = 1020, 4
+    weights, cache, x = bf16_problem(config, 11)
+    w64 = {k: v.double() for k, v in weights.items()}
+    step = build_decode_step(config, weights, context_hint=start)
+    assert step.kernel.grid == (torch.cuda.get_device_properties(0).multi_processor_count,)
+    cache_eager, cache_ref = cache.clone(), cache.double()
+    for position in range(start, start + steps):
+        ref = decode_step(config, w64, x.double(), cache_ref, position)
+        eager = decode_step(config, weights, x, cache_eager, position)
+        got = step(x, cache, position)
+        torch.cuda.synchronize()
+        assert got.dtype == torch.bfloat16 and not got.isnan().any()
+        err, err_eager = (got.double() - ref).abs().max().item(), (eager.double() - ref).abs().max().item()
+        assert err <= 2 * err_eager + 1e-2 * ref.abs().max().item(), (position, err, err_eager)
+        row = cache[:, :, position].double()
+        assert (row - cache_ref[:, :, position]).abs().max() <= 2 * (
+            cache_eager[:, :, position].double() - cache_ref[:, :, position]
+        ).abs().max() + 1e-2
+        x = got
+    out = step.kernel.staged(x, cache.clone(), start + steps)
+    torch.testing.assert_close(out, step(x, cache.clone(), start + steps))  # bf16 tolerance: other compiled code
+
+
+@gpu
+def test_gpu_watchdog_turns_a_hang_into_an_error():
+    """debug=True: a wait that no task can satisfy aborts every program after the timeout and raises, naming the
+    stuck task and counter; the next (correct) launch works again."""
+    import time
+
+    config = DecoderConfig(2, 256, 8, 2, 32, 512, 64)
+    weights, cache, x = bf16_problem(config, 3)
+    step = build_decode_step(config, weights, debug=True, timeout_s=0.2)
+    kernel, graph = step.kernel, step.graph
+    good = step(x, cache.clone(), 10)
+    down = next(t for t in graph.tasks if t.kind == Kind.DOWN and t.layer == 1)
+    cid, th = down.waits[0]
+    row = int(kernel.tasks[down.id, 5])
+    kernel.waits[row, 1] = th + 1
+    started = time.perf_counter()
+    with pytest.raises(
+        RuntimeError, match=rf"stuck at {re.escape(down.label)} waiting for {re.escape(graph.counters[cid])}"
+    ):
+        step(x, cache.clone(), 10)
+    assert time.perf_counter() - started < 10
+    kernel.waits[row, 1] = th
+    torch.testing.assert_close(step(x, cache.clone(), 10), good, rtol=0, atol=0)

@@ -126,13 +126,13 @@ def _load_x(XIN, A, OFFS, layer, NL1, idx, mask):
 def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """rows [lo, hi) of the row-major (., K) matrix W times the float32 vector X: fp32 (BLOCK_N,), masked past hi."""
     rows = lo + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_N,), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)  # reduced once after the loop
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(W + rows[:, None] * K + cols[None, :], mask=(rows[:, None] < hi) & (cols[None, :] < K), other=0.0)
         x = tl.load(X + cols, mask=cols < K, other=0.0, cache_modifier=".cg")
-        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-    return acc
+        acc += w.to(tl.float32) * x[None, :]
+    return tl.sum(acc, axis=1)
 
 
 @triton.jit
@@ -254,7 +254,7 @@ def _task(
         att = _ptr(A, OFFS, B_ATT, layer, NL1)
         wo = _ptr(W, OFFS, B_WO, layer, NL1)
         sp = tl.arange(0, BLOCK_S)[:, None]
-        acc = tl.zeros((BN_O,), tl.float32)
+        acc = tl.zeros((BN_O, BK_O), tl.float32)
         for k0 in range(0, QD, BK_O):
             cols = k0 + tl.arange(0, BK_O)  # = head * D + d
             cm = (cols < QD)[None, :]
@@ -267,9 +267,9 @@ def _task(
             scale = tl.exp(m - tl.max(m, axis=0)[None, :])
             a = tl.sum(scale * o, axis=0) / tl.sum(scale * ell, axis=0)
             w = tl.load(wo + rows[:, None] * QD + cols[None, :], mask=(rows[:, None] < hi) & cm, other=0.0)
-            acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+            acc += w.to(tl.float32) * a[None, :]
         res = _load_x(XIN, A, OFFS, layer, NL1, rows, rows < hi)
-        tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + acc, mask=rows < hi)
+        tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + tl.sum(acc, axis=1), mask=rows < hi)
     elif kind == 5:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] n2) * (Wu[lo:hi] n2)
         rows = lo + tl.arange(0, BN_GU)
         n2 = _ptr(A, OFFS, B_N2, layer, NL1)
@@ -579,6 +579,14 @@ class Megakernel:
         self.timeout_ns = int(timeout_s * 1e9)
         self.scalars = (c.num_layers, c.hidden, c.intermediate, c.num_kv_heads, c.max_seq, t.kv_splits, c.rms_eps,
                         c.head_dim**-0.5)  # fmt: skip
+
+    def scratch(self, name: str):
+        """The float32 arena's view of the graph buffer `name` (e.g. "qkv[0]"), for tests and debugging."""
+        b, layer = name[: name.index("[")], int(name[name.index("[") + 1 : -1])
+        if b not in SCRATCH or name not in self.graph.buffers or name in self.graph.inputs or name == self.graph.output:
+            raise ValueError(f"megakernel: {name!r} is not a scratch buffer of the arena")
+        start = int(self.offs[BUFFERS.index(b), layer])
+        return self.A[start : start + self.graph.buffers[name]]
 
     def _check(self, hidden, kv_cache, position):
         from .reference import check_step_inputs
