@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import DEVICE
 from drivers import DRIVERS
+from test_ops import assert_close
 
 from tile_kernels.core import backends
 from tile_kernels.core import rms_norm as rms_core
@@ -260,3 +261,196 @@ def test_jax_jit_vmap_grad_with_a_compiled_backend(backend):
     for a, b in zip(jax.jit(jax.grad(loss, (0, 1)), static_argnums=2)(x[0], w[0], backend),
                     jax.grad(loss, (0, 1))(x[0], w[0], "triton")):  # fmt: skip
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------- flash_attention's TileLang forward
+
+
+def test_flash_attention_has_a_tilelang_forward_and_defaults_to_triton():
+    assert backends.backends_of("flash_attention") == ("triton", "tilelang")
+    for platform in backends.PLATFORMS:
+        assert backends.resolve("flash_attention", None, platform) == "triton"
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU error path")
+@pytest.mark.parametrize("framework", sorted(DRIVERS))
+def test_flash_attention_tilelang_raises_a_clear_error_on_cpu(framework):
+    from tile_kernels.core import flash_attention as fa_core
+
+    kwargs = fa_core.INFO.sample(np.random.default_rng(0), (2, 64), "bfloat16")
+    with pytest.raises(ValueError, match="flash_attention: backend 'tilelang' cannot run on the CPU: .*no interpreter"):
+        DRIVERS[framework]("cpu").call("flash_attention", {**kwargs, "backend": "tilelang"})
+
+
+def test_flash_attention_tilelang_names_what_it_cannot_run():
+    """float32 (its GEMMs would run in TF32) and head dims past 256 raise, naming the backend, the dtype and the way
+    out; the test suite's filter (backends.unsupported_inputs) says the same of a call's arguments."""
+    from tile_kernels.core import flash_attention as fa_core
+
+    with pytest.raises(ValueError, match="flash_attention: backend 'tilelang' supports q, k, v in float16 / bfloat16 "
+                       "only .*got float32; backend='triton' runs it"):  # fmt: skip
+        fa_core.check_backend("tilelang", "float32", 64)
+    with pytest.raises(ValueError, match="head dims up to 256, got 320"):
+        fa_core.check_backend("tilelang", "bfloat16", 320)
+    fa_core.check_backend("tilelang", "float16", 40)
+    fa_core.check_backend("triton", "float32", 40)
+    kwargs = fa_core.INFO.sample(np.random.default_rng(0), (2, 64), "float32")
+    assert "float32" in backends.unsupported_inputs("flash_attention", "tilelang", kwargs)
+    kwargs = fa_core.INFO.sample(np.random.default_rng(0), (2, 64), "bfloat16")
+    assert backends.unsupported_inputs("flash_attention", "tilelang", kwargs) is None
+    assert backends.unsupported_inputs("rms_norm", "tilelang", kwargs) is None
+
+
+@pytest.mark.parametrize("head_dim, kernel", [(64, "flash_fwd_d64"), (40, "flash_fwd_d64_pad"),
+                                              (1, "flash_fwd_d64_pad"), (128, "flash_fwd_d128"),
+                                              (96, "flash_fwd_d128_pad"), (256, "flash_fwd_d256"),
+                                              (200, "flash_fwd_d256_pad")])  # fmt: skip
+def test_flash_attention_tilelang_plan_matches_the_triton_forward(head_dim, kernel):
+    """The same inputs, outputs and buffers as the Triton forward (its backward reads them); one call with the
+    window as runtime ints; the kernel picked by head-dim bucket (padded or not) and softcap; an empty problem calls
+    nothing, and Sk = 0 calls the kernel that writes out = 0, lse = +inf."""
+    from tile_kernels.core import Target
+    from tile_kernels.core import flash_attention as fa_core
+
+    for seqlen_q, seqlen_k, softcap in ((33, 70, 0.0), (33, 70, 2.0), (0, 5, 0.0), (9, 0, 0.0)):
+        opts = dict(dtype="bfloat16", causal=True, window=(7, -1), scale=None, softcap=softcap)
+        plan = fa_core.compiled_forward("tilelang", 2, seqlen_q, seqlen_k, 6, 3, head_dim, arch=90, **opts)
+        ref = fa_core.forward(2, seqlen_q, seqlen_k, 6, 3, head_dim, target=Target(), **opts)
+        assert dict(plan.inputs) == dict(ref.inputs) and plan.outputs == ref.outputs == ("out", "lse")
+        assert all(plan.buffers[o].shape == ref.buffers[o].shape for o in plan.outputs)
+        assert all(plan.buffers[o].dtype == ref.buffers[o].dtype for o in plan.outputs)
+        if seqlen_q == 0:
+            assert plan.launches == () and all(b.zeroed for b in plan.buffers.values())
+            continue
+        (call,) = plan.launches
+        assert call.writes == ("out", "lse") and not any(b.zeroed for b in plan.buffers.values())
+        if seqlen_k == 0:
+            assert call.reads == () and call.key == "tile_kernels_tilelang_flash_fwd_no_keys_bfloat16_sm90"
+            continue
+        assert call.reads == ("q", "k", "v")
+        assert call.key == f"tile_kernels_tilelang_{kernel}{'_softcap' if softcap else ''}_bfloat16_sm90"
+        assert call.attrs == dict(scale=fa_core.default_scale(head_dim), softcap=softcap or 1.0, left=7, right=0)
+
+
+@gpu_only
+@pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, causal, window, softcap",
+    [
+        (2, 1000, 1000, 8, 2, 128, False, (-1, -1), 0.0),  # several key blocks, a ragged last one, GQA 4
+        (1, 777, 1500, 4, 4, 128, True, (-1, -1), 0.0),  # bottom-right causal, Sq < Sk
+        (2, 300, 130, 6, 3, 64, True, (-1, -1), 0.0),  # Sq > Sk: the first rows (whole blocks) see no key
+        (1, 513, 513, 2, 1, 64, False, (100, 20), 0.0),  # a band narrower than a block
+        (1, 257, 300, 2, 2, 256, True, (-1, -1), 30.0),  # the 256 bucket, softcap
+        (2, 190, 190, 3, 1, 40, False, (-1, 3), 5.0),  # a padded head dim (no TMA)
+        (1, 70, 70, 2, 2, 128, False, (0, 0), 0.0),  # each row sees one key
+        (1, 1, 1, 1, 1, 64, True, (-1, -1), 0.0),
+        (1, 5, 0, 2, 1, 64, False, (-1, -1), 0.0),  # no keys at all
+    ],
+)
+def test_torch_flash_attention_tilelang_matches_triton(
+    dtype, batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, causal, window, softcap
+):  # fmt: skip
+    """The TileLang forward's out and lse (base 2, +inf where a row sees no key) against the Triton forward's, and the
+    gradients through the Triton backward from the TileLang (out, lse) against those of the float64 reference."""
+    import torch
+
+    import tile_kernels.torch as tk
+    from tile_kernels.core import flash_attention as fa_core
+
+    torch_dtype = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(seqlen_q * 7 + seqlen_k)
+
+    def draw(s, h):
+        return torch.randn(batch, s, h, head_dim, device="cuda", generator=gen).to(torch_dtype)
+
+    q, k, v = draw(seqlen_q, heads_q), draw(seqlen_k, heads_k), draw(seqlen_k, heads_k)
+    ops = torch.ops.tile_kernels
+    scale = head_dim**-0.5
+    options = (causal, *window, scale, softcap)
+    out, lse = ops.flash_attention_fwd(q, k, v, *options, "tilelang")
+    want_out, want_lse = ops.flash_attention_fwd(q, k, v, *options, "triton")
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)) and not torch.isnan(lse).any()
+    torch.testing.assert_close(lse[~torch.isinf(lse)], want_lse[~torch.isinf(want_lse)], rtol=0, atol=2e-3)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.float(), want_out.float(), rtol=2e-2, atol=2e-2)
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = tk.flash_attention(*leaves, causal=causal, window=window, softcap=softcap, backend="tilelang")
+    torch.testing.assert_close(got, out, rtol=0, atol=0)
+    dout = torch.randn(got.shape, device="cuda", generator=gen).to(torch_dtype)
+    grads = torch.autograd.grad(got, leaves, dout)
+    arrays = [t.float().cpu().numpy() for t in (q, k, v)]
+    kwargs = dict(q=arrays[0], k=arrays[1], v=arrays[2], causal=causal, window=window, softmax_scale=None,
+                  softcap=softcap)  # fmt: skip
+    assert_close("out", out.double().cpu().numpy(), fa_core.reference(**kwargs)[0], dtype)  # the suite's rule
+    ref_grads = fa_core.reference_vjp(kwargs, (dout.float().cpu().numpy(),))
+    for name, grad in zip("qkv", grads):
+        assert_close(f"d{name}", grad.double().cpu().numpy(), ref_grads[name], dtype)
+
+
+@gpu_only
+@pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
+def test_torch_flash_attention_tilelang_refuses_float32_and_passes_opcheck_and_compile():
+    import torch
+
+    import tile_kernels.torch as tk
+
+    q = torch.randn(2, 17, 4, 64, device="cuda")
+    with pytest.raises(ValueError, match="flash_attention: backend 'tilelang' supports q, k, v in float16"):
+        tk.flash_attention(q, q, q, backend="tilelang")
+    q, k, v = (torch.randn(2, 130, h, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for h in (4, 2, 2))
+    ops = torch.ops.tile_kernels
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    for op, args in [
+        (ops.flash_attention_fwd.default, (q, k, v, True, 8, -1, 0.125, 0.0, "tilelang")),
+        (ops.flash_attention_fwd_compiled.default, (q.detach(), k.detach(), v.detach(), False, -1, -1, 0.2, 2.0,
+                                                    "tilelang")),
+        (ops.flash_attention.default, (q, k, v, True, [4, 0], None, 0.0, "tilelang")),
+    ]:  # fmt: skip
+        result = torch.library.opcheck(op, args, test_utils=utils)
+        assert all(r == "SUCCESS" for r in result.values()), (op, result)
+
+    def attend(q, k, v):
+        return tk.flash_attention(q, k, v, causal=True, window=(100, -1), backend="tilelang").float().square().sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, fullgraph=True)
+    got, grads = compiled(q, k, v), torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    want, want_grads = attend(q, k, v), torch.autograd.grad(attend(q, k, v), (q, k, v))
+    torch.testing.assert_close(got, want)
+    for a, b in zip(grads, want_grads):
+        torch.testing.assert_close(a, b)
+
+
+@gpu_only
+@pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
+def test_jax_flash_attention_tilelang_jit_vmap_grad():
+    """One FFI call under vmap (the vmapped axis joins the batch), the Triton forward's values under jit, and grad
+    through custom_vjp into the Triton backward."""
+    import jax
+    import jax.numpy as jnp
+
+    import tile_kernels.jax as tk
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (3, 2, 200, 4, 64), jnp.float32).astype(jnp.bfloat16)
+    k = jax.random.normal(keys[1], (3, 2, 150, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    v = jax.random.normal(keys[2], (3, 2, 150, 2, 64), jnp.float32).astype(jnp.bfloat16)
+
+    def f(q, k, v, b):
+        return tk.flash_attention(q, k, v, causal=True, window=(60, -1), backend=b)
+
+    batched = jax.vmap(lambda q, k, v: f(q, k, v, "tilelang"))
+    assert str(jax.make_jaxpr(batched)(q, k, v)).count("ffi_call[") == 1
+    got = jax.jit(batched)(q, k, v)
+    want = jax.vmap(lambda q, k, v: f(q, k, v, "triton"))(q, k, v)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
+
+    def loss(q, k, v, b):
+        return jnp.sum(f(q, k, v, b).astype(jnp.float32) ** 2)
+
+    got = jax.jit(jax.grad(loss, (0, 1, 2)), static_argnums=3)(q[0], k[0], v[0], "tilelang")
+    for a, b in zip(got, jax.grad(loss, (0, 1, 2))(q[0], k[0], v[0], "triton")):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=5e-2, atol=5e-2)

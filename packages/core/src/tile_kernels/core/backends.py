@@ -29,6 +29,7 @@ PLATFORMS = ("cpu", "cuda", "rocm")  # cpu = Triton's interpreter
 # platform without one runs "triton". rms_norm on CUDA: Triton, measured fastest on the H200 (2026-11-29, bf16 with
 # residual, 256x262144 to 32768x4096): forward 1957-4087 GB/s against TileLang's 881-3377 and CUDA C++'s 1719-1958,
 # backward 1198-3559 against 477-1253 and 1112-1602. Re-measure (and change this entry) when those kernels improve.
+# flash_attention has no entry: Triton until the H200 measures its TileLang forward (not run on a GPU yet) faster.
 DEFAULTS: dict[tuple[str, str], str] = {("rms_norm", "cuda"): "triton"}
 
 # op -> {backend: module that builds its Plans of Calls, imported on first use; None: the op's own Triton plans}
@@ -55,6 +56,13 @@ def backends_of(op: str) -> tuple[str, ...]:
 def module(op: str, backend: str):
     """The module that builds `op`'s Plans of Calls for a TileLang or CUDA C++ backend."""
     return importlib.import_module(_IMPLEMENTATIONS[op][backend])
+
+
+def unsupported_inputs(op: str, backend: str, kwargs: Mapping[str, Any]) -> str | None:
+    """Why `op`'s `backend` cannot run a call with these arguments (its module's `unsupported_inputs`), or None: for
+    a backend that covers less than the op (flash_attention's TileLang forward: float16 / bfloat16 only)."""
+    check = getattr(module(op, backend), "unsupported_inputs", None) if backend != "triton" else None
+    return check(kwargs) if check else None
 
 
 def find_cuda_home() -> str | None:

@@ -22,17 +22,22 @@ Head dims up to 256, padded to a power of two >= 32 (EVEN_D when the head dim is
 bases are 64-bit; in-sequence offsets are 32-bit (a (S, H, D) slice of one batch up to 2^31 elements).
 Block configurations: a few per head-dim bucket and dtype (`configs`), the first being the default; plans(target)
 enumerates all of them for the AOT matrix (the set an autotuner on the device may choose from).
+Backends (backends.py): "triton" (the kernels here) and "tilelang", a TileLang forward (flash_attention_tilelang.py,
+float16 / bfloat16) run as a Plan of Calls by `compiled_forward`; it returns the same (out, lse), so the Triton
+backward serves both.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import triton
 import triton.language as tl
 
-from . import checks
+from . import backends, checks
+from .backends import Call
 from .host import interpreting
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, register, round_to
@@ -40,6 +45,9 @@ from .registry import BadInput, Cost, OpInfo, register, round_to
 NAME = "flash_attention"
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
+# The default stays "triton" (backends.DEFAULTS has no flash_attention entry) until the H200 measures the TileLang
+# forward faster; backend="tilelang" runs the TileLang forward and the Triton backward.
+backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.flash_attention_tilelang"})
 
 
 @triton.jit
@@ -653,6 +661,39 @@ def forward(
     return Plan({"q": dtype, "k": dtype, "v": dtype}, buffers, launches, ("out", "lse"))
 
 
+def check_backend(backend: str, dtype: str, head_dim: int) -> None:
+    """Raises ValueError naming the input a resolved backend cannot run (the TileLang forward: float32)."""
+    why = backends.module(NAME, backend).unsupported(dtype, head_dim) if backend != "triton" else None
+    if why:
+        raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
+
+
+def compiled_forward(
+    backend: str, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int, *,
+    dtype: str, causal: bool, window: tuple[int, int], scale: float | None, softcap: float, arch: int,
+) -> Plan:  # fmt: skip
+    """The forward of the TileLang backend for compute capability `arch` (e.g. 90): inputs q, k, v compact
+    (B, S, H, D); outputs out and lse exactly as `forward` (the Triton backward reads them)."""
+    check_backend(backend, dtype, head_dim)
+    module = backends.module(NAME, backend)
+    empty = batch * seqlen_q * heads_q * head_dim == 0
+    buffers = {
+        "out": BufferSpec((batch, seqlen_q, heads_q, head_dim), dtype, zeroed=empty),
+        "lse": BufferSpec((batch, heads_q, seqlen_q), "float32", zeroed=empty),
+    }
+    calls = ()
+    if not empty:
+        left, right = _window(causal, window, seqlen_q, seqlen_k)
+        scale = default_scale(head_dim) if scale is None else float(scale)
+        kernel = module.kernel_name(head_dim, softcap > 0)
+        reads, attrs = ("q", "k", "v"), dict(scale=scale, softcap=float(softcap) or 1.0, left=left, right=right)
+        if seqlen_k == 0:  # no key at all: out 0, lse +inf (a tensor map cannot describe an empty k)
+            kernel, reads, attrs = module.NO_KEYS_KERNEL, (), {}
+        load = functools.partial(module.function, kernel, dtype, dtype, arch)
+        calls = (Call(f"tile_kernels_{backend}_{kernel}_{dtype}_sm{arch}", load, reads, ("out", "lse"), attrs),)
+    return Plan({"q": dtype, "k": dtype, "v": dtype}, buffers, calls, ("out", "lse"))
+
+
 def backward(
     batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int, *, dtype: str,
     causal: bool, window: tuple[int, int], scale: float | None, softcap: float, target: Target,
@@ -810,6 +851,7 @@ def bad_inputs(kwargs) -> list[BadInput]:
         BadInput({"q": np.concatenate([q, q[:, :, :1]], axis=2)}, ValueError, "flash_attention: q's heads must be"),
         BadInput({"window": (-2, 0)}, ValueError, "flash_attention: window must be a pair"),
         BadInput({"softcap": -1.0}, ValueError, "flash_attention: softcap must be"),
+        BadInput({"backend": "nope"}, ValueError, "flash_attention: backend must be one of"),
     ]
 
 

@@ -1,5 +1,7 @@
 """JAX adapter of tile_kernels.core.flash_attention: custom_vjp for grad (the forward's lse saved as a residual),
-custom_vmap for vmap (the vmapped axis folds into the batch: one launch per kernel)."""
+custom_vmap for vmap (the vmapped axis folds into the batch: one launch per kernel). backend="tilelang" runs the
+forward's Plan of Calls (TileLang, through `_calls.run_calls`) in place of the Triton plan; the backward is Triton's
+for every backend."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ from types import SimpleNamespace
 
 import jax
 
-from tile_kernels.core import dtype_name, sharding
+from tile_kernels.core import backends, dtype_name, sharding
 from tile_kernels.core import flash_attention as core
 
+from ._calls import cuda_arch, platform, run_calls
 from ._runtime import mode, problem_batched, run_plan, target
 from ._sharding import row_local
 
@@ -28,14 +31,20 @@ def _problem(a: jax.Array) -> jax.Array:
 
 
 @functools.cache
-def _forward_call(causal: bool, window: tuple[int, int], scale: float, softcap: float, heads_q: int, heads_k: int):
+def _forward_call(
+    causal: bool, window: tuple[int, int], scale: float, softcap: float, heads_q: int, heads_k: int, backend: str
+):  # fmt: skip
     def call(q5, k5, v5):  # (P, B, S, H, D)
         kind = mode(core.NAME)
         problems, batch, seqlen_q, hq, head_dim = q5.shape
-        plan = core.forward(problems * batch, seqlen_q, k5.shape[2], hq, k5.shape[3], head_dim,
-                            dtype=dtype_name(q5.dtype), causal=causal, window=window, scale=scale, softcap=softcap,
-                            target=target(kind))  # fmt: skip
-        out, lse = run_plan(plan, kind, _problem(q5), _problem(k5), _problem(v5))
+        sizes = (problems * batch, seqlen_q, k5.shape[2], hq, k5.shape[3], head_dim)
+        options = dict(dtype=dtype_name(q5.dtype), causal=causal, window=window, scale=scale, softcap=softcap)
+        if backend != "triton":  # the TileLang forward
+            plan = core.compiled_forward(backend, *sizes, **options, arch=cuda_arch())
+            out, lse = run_calls(plan, _problem(q5), _problem(k5), _problem(v5))
+        else:
+            plan = core.forward(*sizes, **options, target=target(kind))
+            out, lse = run_plan(plan, kind, _problem(q5), _problem(k5), _problem(v5))
         return [out.reshape(q5.shape), lse.reshape((problems, batch, hq, seqlen_q))]
 
     kv, split = _layout(heads_q, heads_k)
@@ -65,17 +74,18 @@ def _options(q, k, causal, window, scale, softcap):
     return causal, window, scale, softcap, q.shape[2], k.shape[2]
 
 
-def _forward(q, k, v, causal, window, scale, softcap):
-    out, lse = _forward_call(*_options(q, k, causal, window, scale, softcap))(q[None], k[None], v[None])
+def _forward(q, k, v, causal, window, scale, softcap, backend):
+    call = _forward_call(*_options(q, k, causal, window, scale, softcap), backend)
+    out, lse = call(q[None], k[None], v[None])
     return out[0], (q, k, v, out[0], lse[0])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _flash_attention(q, k, v, causal, window, scale, softcap):
-    return _forward(q, k, v, causal, window, scale, softcap)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _flash_attention(q, k, v, causal, window, scale, softcap, backend):
+    return _forward(q, k, v, causal, window, scale, softcap, backend)[0]
 
 
-def _flash_attention_bwd(causal, window, scale, softcap, saved, dout):
+def _flash_attention_bwd(causal, window, scale, softcap, _backend, saved, dout):  # Triton's for every backend
     q, k, v, out, lse = saved
     call = _backward_call(*_options(q, k, causal, window, scale, softcap))
     dq, dk, dv = call(q[None], k[None], v[None], out[None], dout.astype(q.dtype)[None], lse[None])
@@ -87,12 +97,15 @@ _flash_attention.defvjp(_forward, _flash_attention_bwd)
 
 def flash_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, causal: bool = False, window: tuple[int, int] = (-1, -1),
-    softmax_scale: float | None = None, softcap: float = 0.0,
+    softmax_scale: float | None = None, softcap: float = 0.0, backend: str | None = None,
 ) -> jax.Array:  # fmt: skip
     """Attention of q (B, Sq, Hq, D) over k, v (B, Sk, Hk, D), Hq % Hk == 0; causal aligned bottom-right; window
     (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
-    with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D)."""
+    with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D). backend: "triton", "tilelang" (its forward; float16 /
+    bfloat16), or None for the default of the device (tile_kernels.core.backends)."""
     core.check(q, k, v, causal, window, softmax_scale, softcap)
+    backend = backends.resolve(core.NAME, backend, platform(core.NAME), needs=("jax_tvm_ffi",))
+    core.check_backend(backend, dtype_name(q.dtype), q.shape[-1])
     scale = core.default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     window = (int(window[0]), int(window[1]))
-    return _flash_attention(q, k, v, bool(causal), window, scale, float(softcap))
+    return _flash_attention(q, k, v, bool(causal), window, scale, float(softcap), backend)

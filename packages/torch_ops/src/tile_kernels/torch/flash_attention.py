@@ -1,16 +1,19 @@
 """torch adapter of tile_kernels.core.flash_attention: ops tile_kernels::flash_attention_fwd / _bwd with autograd.
 
 The forward op returns (out, lse); lse (B, Hq, Sq) fp32 (base 2, +inf for rows that see no key) is what the backward
-needs and is saved by autograd, not exposed by the public function."""
+needs and is saved by autograd, not exposed by the public function. backend="tilelang" runs the forward through the
+custom op tile_kernels::flash_attention_fwd_compiled (TileLang, opaque to torch.compile, with a fake implementation);
+the backward is Triton's for every backend."""
 
 from __future__ import annotations
 
 import torch
-from torch.library import triton_op
+from torch.library import custom_op, triton_op
 
-from tile_kernels.core import dtype_name
+from tile_kernels.core import backends, dtype_name
 from tile_kernels.core import flash_attention as core
 
+from ._calls import cuda_arch, platform, run_calls
 from ._runtime import check_device, register_public_op, run_plan, target
 
 
@@ -29,12 +32,37 @@ def _settings(q, k, v, causal, left, right, scale, softcap):
     return (batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim), settings, (q, k, v)
 
 
+@custom_op("tile_kernels::flash_attention_fwd_compiled", mutates_args=())
+def flash_attention_fwd_compiled(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window_left: int, window_right: int,
+    softmax_scale: float, softcap: float, backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """flash_attention_fwd through the TileLang kernel (compact inputs: a strided q, k or v is copied)."""
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    plan = core.compiled_forward(
+        backend, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, dtype=dtype_name(q.dtype),
+        causal=causal, window=(window_left, window_right), scale=softmax_scale, softcap=softcap,
+        arch=cuda_arch(q.device),
+    )  # fmt: skip
+    out, lse = run_calls(plan, q, k, v, device=q.device)
+    return out, lse
+
+
+@flash_attention_fwd_compiled.register_fake
+def _(q, k, v, causal, window_left, window_right, softmax_scale, softcap, backend):
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
 @triton_op("tile_kernels::flash_attention_fwd", mutates_args=())
 def flash_attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window_left: int, window_right: int,
-    softmax_scale: float, softcap: float,
+    softmax_scale: float, softcap: float, backend: str = "triton",
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Returns (out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32)."""
+    """Returns (out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32). `backend` is a resolved name
+    (tile_kernels.core.backends.resolve)."""
+    if backend != "triton":
+        return flash_attention_fwd_compiled(q, k, v, causal, window_left, window_right, softmax_scale, softcap, backend)
     sizes, settings, qkv = _settings(q, k, v, causal, window_left, window_right, softmax_scale, softcap)
     out, lse = run_plan(core.forward(*sizes, **settings), *qkv, device=q.device)
     return out, lse
@@ -53,14 +81,15 @@ def flash_attention_bwd(
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *ctx.options = inputs
+    q, k, v, *options, _backend = inputs
+    ctx.options = options  # the backward is Triton's for every backend
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
 
 
 def _backward(ctx, dout, _dlse):
     dq, dk, dv = flash_attention_bwd(dout, *ctx.saved_tensors, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 flash_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -68,24 +97,31 @@ flash_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, window: tuple[int, int] = (-1, -1),
-    softmax_scale: float | None = None, softcap: float = 0.0,
+    softmax_scale: float | None = None, softcap: float = 0.0, backend: str | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Attention of q (B, Sq, Hq, D) over k, v (B, Sk, Hk, D), Hq % Hk == 0; causal aligned bottom-right; window
     (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
-    with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D)."""
+    with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D). backend: "triton", "tilelang" (its forward; float16 /
+    bfloat16), or None for the default of the device (tile_kernels.core.backends)."""
     core.check(q, k, v, causal, window, softmax_scale, softcap)
-    check_device(core.NAME, q=q, k=k, v=v)
+    device = check_device(core.NAME, q=q, k=k, v=v)
+    backend = _resolve(core.NAME, backend, platform(device))
+    core.check_backend(backend, dtype_name(q.dtype), q.shape[-1])
     scale = core.default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     left, right = (int(w) for w in window)
-    return flash_attention_fwd(q, k, v, bool(causal), left, right, scale, float(softcap))[0]
+    return flash_attention_fwd(q, k, v, bool(causal), left, right, scale, float(softcap), backend)[0]
 
 
-def _public(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0):
-    return flash_attention(q, k, v, causal, tuple(window), softmax_scale, softcap)
+# resolved while tracing too: torch.compile takes the result as a constant
+_resolve = torch.compiler.assume_constant_result(backends.resolve)
+
+
+def _public(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0, backend=None):
+    return flash_attention(q, k, v, causal, tuple(window), softmax_scale, softcap, backend)
 
 
 register_public_op(
     "flash_attention(Tensor q, Tensor k, Tensor v, bool causal=False, int[2] window=[-1, -1], "
-    "float? softmax_scale=None, float softcap=0.0) -> Tensor",
+    "float? softmax_scale=None, float softcap=0.0, str? backend=None) -> Tensor",
     _public,
 )
