@@ -11,6 +11,7 @@ Pallas ops) and their timers. A peer that lacks an op or fails is recorded with 
     tile-kernels bench --out results/            # default sweep, bfloat16
     tile-kernels bench --op rms_norm --dtype float32 --width 4096 --width 65536
     tile-kernels bench --render results/results.json --out results/    # tables and plots again, no GPU
+    tile-kernels bench --megakernel --out results/    # the decode-step mega-kernel vs eager / CUDA graph / + PDL
 """
 
 from __future__ import annotations
@@ -324,11 +325,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="directory for results.json/.csv/.md and <op>.png")
     p.add_argument("--render", metavar="JSON", action="append",
                    help="re-render the tables and plots of results.json files (repeatable, merged)")  # fmt: skip
+    p.add_argument("--megakernel", action="store_true",
+                   help="time the persistent decode-step kernel (tile_kernels.megakernel) against torch eager, CUDA "
+                   "graph and CUDA graph + PDL instead of the ops; writes megakernel.json/.md under --out")  # fmt: skip
+    p.add_argument("--shape", action="append", help="with --megakernel: llama-3.2-1b, llama-3-8b (default both)")
+    p.add_argument("--layers", type=int, help="with --megakernel: layers of each stack (default: the model's)")
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    if args.megakernel:  # its own harness: whole decode steps, not registered ops
+        from tile_kernels.megakernel import bench as megakernel_bench
+
+        print(megakernel_bench.markdown(megakernel_bench.run(args.out, args.shape, args.layers)))
+        return 0
     if args.render:
         meta, recs = load(args.render[0])
         for path in args.render[1:]:

@@ -9,16 +9,26 @@ The returned hidden is the residual stream after the last layer (before the mode
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .config import DecoderConfig
 from .weights import layer_weights
 
 
-def rope_cos_sin(config: DecoderConfig, position: int, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position * inv_freq, (head_dim / 2,), computed in float64 then cast."""
-    angle = position * torch.tensor(config.rope_inv_freq(), dtype=torch.float64)
-    return angle.cos().to(dtype), angle.sin().to(dtype)
+def rope_cos_sin(
+    config: DecoderConfig, position: int, dtype=torch.float64, device="cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * inv_freq, (head_dim / 2,), computed in float64 then cast; on a GPU kept per
+    (frequencies, position, dtype, device), so that a step captured in a CUDA graph copies nothing from the host."""
+    return _rope_cos_sin(tuple(config.rope_inv_freq()), position, dtype, torch.device(device))
+
+
+@functools.lru_cache(maxsize=256)
+def _rope_cos_sin(inv_freq: tuple, position: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    angle = position * torch.tensor(inv_freq, dtype=torch.float64)
+    return angle.cos().to(device, dtype), angle.sin().to(device, dtype)
 
 
 def check_step_inputs(config: DecoderConfig, hidden, kv_cache, position) -> None:
@@ -52,7 +62,7 @@ def decode_step(
     dtype = dtype or layers[0]["q"].dtype
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     c, D, G = config, config.head_dim, config.group
-    cos, sin = rope_cos_sin(c, position, acc)
+    cos, sin = rope_cos_sin(c, position, acc, hidden.device)
 
     def rms(x, w):
         x = x.to(acc)

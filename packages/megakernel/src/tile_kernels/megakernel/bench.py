@@ -1,0 +1,178 @@
+"""`tile-kernels bench --megakernel`: one decode step (batch 1, bf16, random weights) of a Llama-shaped stack, timed
+five ways in one run on one GPU:
+
+    megakernel                   the persistent kernel, one cooperative launch a step (build_decode_step)
+    torch eager                  reference.decode_step
+    CUDA graph                   reference.decode_step captured in a CUDA graph and replayed
+    per-op, CUDA graph           the megakernel's task bodies launched one op of a layer at a time (8 launches a
+                                 layer, Megakernel.staged), captured in a CUDA graph
+    per-op, CUDA graph + PDL     the same with programmatic dependent launch: each launch prefetches its weights to
+                                 L2, then waits for the previous one (griddepcontrol)
+
+The floor is (every layer's weights + the KV cache rows read at the context) / the measured copy bandwidth. The
+megakernel is timed over back-to-back launches (CUDA events around 20 steps, median of 5): it cannot be replayed from
+a CUDA graph, since every launch takes the next epoch of its counters."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+
+SHAPES = {  # name: (layers, hidden, heads, kv heads, head dim, MLP), context 1024
+    "llama-3.2-1b": (16, 2048, 32, 8, 64, 8192),
+    "llama-3-8b": (32, 4096, 32, 8, 128, 14336),
+}
+CONTEXT = 1024
+
+
+def _events_us(fn, steps: int = 20, repeats: int = 5) -> float:
+    import torch
+
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / steps)
+    return sorted(times)[len(times) // 2]
+
+
+def _graph_us(fn, steps: int = 10) -> float:
+    """fn captured `steps` times back to back in one CUDA graph; median replay time per step."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on the capture stream
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(steps):
+            fn()
+    return _events_us(graph.replay, steps=1) / steps
+
+
+def _copy_gbs() -> float:
+    import torch
+
+    src = torch.randn(1 << 28, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    us = _events_us(lambda: dst.copy_(src), steps=10)
+    return 2 * src.numel() * 2 / us / 1e3
+
+
+def bench_shape(name: str, layers: int | None = None, seed: int = 0) -> dict:
+    import torch
+
+    from . import DecoderConfig, build_decode_step, decode_step
+    from .weights import LAYER_WEIGHTS
+
+    nl, hidden, heads, kv_heads, head_dim, mlp = SHAPES[name]
+    nl = layers or nl
+    config = DecoderConfig(nl, hidden, heads, kv_heads, head_dim, mlp, max_seq=CONTEXT, rope_theta=500000.0)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    weights = {}
+    for i in range(nl):
+        for hf, shape_of in LAYER_WEIGHTS.values():
+            shape = shape_of(config)
+            w = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32)
+            w = w * 0.3 + 1 if len(shape) == 1 else w * shape[1] ** -0.5
+            weights[f"model.layers.{i}.{hf}.weight"] = w.to(torch.bfloat16)
+    cache = (torch.randn(config.kv_cache_shape(), generator=gen, device="cuda") * 0.5).to(torch.bfloat16)
+    x = torch.randn(1, hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    position = CONTEXT - 1
+    step = build_decode_step(config, weights, context_hint=CONTEXT)
+    kernel = step.kernel
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights.values())
+    kv_bytes = 2 * nl * CONTEXT * kv_heads * head_dim * cache.element_size()
+    # correctness at the benchmark shape: the kernel and the per-op launches against the eager step
+    eager_out = decode_step(config, weights, x, cache.clone(), position)
+    err = {
+        "megakernel": (step(x, cache.clone(), position).float() - eager_out.float()).abs().max().item(),
+        "per-op": (kernel.staged(x, cache.clone(), position).float() - eager_out.float()).abs().max().item(),
+        "scale": eager_out.float().abs().max().item(),
+    }
+    impls = {
+        "megakernel": lambda: _events_us(lambda: step(x, cache, position)),
+        "torch eager": lambda: _events_us(lambda: decode_step(config, weights, x, cache, position), steps=5),
+        "CUDA graph": lambda: _graph_us(lambda: decode_step(config, weights, x, cache, position)),
+        "per-op, CUDA graph": lambda: _graph_us(lambda: kernel.staged(x, cache, position)),
+        "per-op, CUDA graph + PDL": lambda: _graph_us(lambda: kernel.staged(x, cache, position, pdl=True)),
+    }
+    times, notes = {}, {}
+    for impl, timer in impls.items():
+        try:
+            times[impl] = timer()
+        except Exception as e:  # noqa: BLE001 - recorded with the reason, never dropped silently
+            times[impl], notes[impl] = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        torch.cuda.synchronize()
+        print(f"bench megakernel {name}: {impl}: {times[impl]} us {notes.get(impl, '')}", file=sys.stderr, flush=True)
+    return {
+        "shape": name,
+        "config": {k: v for k, v in config.__dict__.items() if k != "rope_scaling"},
+        "context": CONTEXT,
+        "grid": kernel.grid[0],
+        "tasks": len(step.graph.tasks),
+        "prefetch": kernel.prefetch,
+        "weight_bytes": weight_bytes,
+        "kv_bytes": kv_bytes,
+        "max_abs_err_vs_eager": err,
+        "us": times,
+        "notes": notes,
+    }
+
+
+def markdown(result: dict) -> str:
+    copy = result["copy_gbs"]
+    lines = [
+        f"# megakernel decode step: {result['gpu']}, {result['date']}, copy {copy:.0f} GB/s",
+        "",
+        "| shape | implementation | us / step | % of floor | time / megakernel's | note |",
+        "|---|---|---|---|---|---|",
+    ]
+    for shape in result["shapes"]:
+        floor_us = (shape["weight_bytes"] + shape["kv_bytes"]) / copy / 1e3
+        mk = shape["us"].get("megakernel")
+        lines.append(f"| {shape['shape']} | floor (weights + KV / copy) | {floor_us:.0f} | 100% | | |")
+        for impl, us in shape["us"].items():
+            if us is None:
+                lines.append(f"| {shape['shape']} | {impl} | failed | | | {shape['notes'].get(impl, '')} |")
+                continue
+            ratio = f"{us / mk:.2f}x" if mk else ""
+            lines.append(f"| {shape['shape']} | {impl} | {us:.0f} | {100 * floor_us / us:.0f}% | {ratio} | |")
+    return "\n".join(lines)
+
+
+def run(out: str | None = None, shapes=None, layers: int | None = None) -> dict:
+    import importlib.metadata
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("bench --megakernel: no CUDA device visible to torch")
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "date": datetime.date.today().isoformat(),
+        "versions": {"torch": torch.__version__, "triton": importlib.metadata.version("triton")},
+        "copy_gbs": _copy_gbs(),
+        "shapes": [],
+    }
+    for name in shapes or SHAPES:
+        result["shapes"].append(bench_shape(name, layers))
+        if out:  # after every shape: a cut-short run keeps what it measured
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, "megakernel.json"), "w") as f:
+                json.dump(result, f, indent=1)
+            with open(os.path.join(out, "megakernel.md"), "w") as f:
+                f.write(markdown(result) + "\n")
+    return result
