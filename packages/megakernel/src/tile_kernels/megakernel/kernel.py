@@ -1,51 +1,64 @@
-"""The persistent Triton kernel that will run a checked schedule in one launch. Written so far: `run_tasks`, the task
-bodies of NORM, QKV, OPROJ (with the attention-split combine), GATEUP and DOWN in one @triton.jit dispatcher, run by a
-single program over a list of task ids (grid=(1,), Triton's interpreter on CPU in the tests). Not written yet: ROPE,
-ATTN, the per-SM queues with counters and spinning, prefetch, the watchdog, and any GPU run; build_decode_step
-(backend="triton") says so. The design of the rest follows.
+"""The persistent Triton kernel that runs a checked schedule of the decode step in one launch (decode_kernel), its
+host side (Megakernel: arenas and tables allocated once, the launch, the watchdog's error), and the same task bodies
+launched one op at a time (the benchmark's CUDA graph + PDL baseline).
+
+Status: the whole kernel runs in Triton's interpreter on CPU (tests/test_megakernel.py) and compiles for sm_90 with
+triton 3.9 and 3.6 (the GPU path's PTX checked without a GPU); it has NOT run on a GPU yet.
 
 Launch. grid = (num_sms,), one CTA per SM, launched with Triton's `launch_cooperative_grid=True`, so that a grid larger
 than what can be co-resident fails at launch instead of spinning forever on a CTA that never starts. The schedule's
 deadlock-freedom (check.py, rule 5) assumes every queue runs concurrently; the cooperative launch guarantees that.
 
-Task encoding. schedule.encode gives int32 tables, copied to the GPU once per build: `tasks` (num_tasks, 8) =
+Task encoding. schedule.encode gives int32 tables, copied to the device once per build: `tasks` (num_tasks, 8) =
 (kind, layer, lo, hi, split, wait_begin, wait_end, signal), `waits` (num_waits, 2) = (counter, threshold), and the
 queues in CSR form (`queue_ptr`, `queue_tasks`). Buffer addresses are not in the table: each kind derives them from
-(layer, lo, hi, split) and per-layer base pointers (one int64 pointer table per buffer kind: weights, scratch, KV
-cache), as interpret._run_task does with names. CTA `pid` loops over queue_tasks[queue_ptr[pid]:queue_ptr[pid + 1]] and
-dispatches on `kind` with an if-chain of @triton.jit device functions whose tile shapes are constexpr (BLOCK_N >= the
-largest tile of Tiling; rows >= hi masked), so one compiled kernel serves every task.
+(layer, lo, hi, split) and an int64 offset table OFFS (buffer kind, layer) into two arenas, W (weights, model dtype)
+and A (activations, float32), plus the KV cache tensor itself, as interpret._run_task does with names. CTA `pid`
+loops over queue_tasks[queue_ptr[pid]:queue_ptr[pid + 1]] and dispatches on `kind` with an if-chain of task bodies
+whose tile shapes are constexpr (per projection BN >= the tile's rows, rows >= hi masked), so one compiled kernel
+serves every task. x[0] is read from the step's input and the last DOWN writes the step's output tensor directly.
 
 Counter protocol. `counters` is an int32 array, zeroed once at allocation and never reset: launch e (e = 1, 2, ...)
 waits for `epoch * threshold`, so no memset sits between steps (the host zeroes it again before int32 would wrap).
   producer: the tile's global stores -> CTA barrier (tl.debug_barrier: every warp's stores issued) -> one thread does
-    `atom.add.release.gpu` (tl.atomic_add(counter, 1, sem="release", scope="gpu") on a scalar) -> next task.
-  consumer: for each wait, spin on an acquire load, `ld.acquire.gpu.global.b32` through tl.inline_asm_elementwise
-    (a scalar tl.atomic_add(..., sem="acquire") in a loop emits a bar.sync per iteration, triton#7125), with
-    `nanosleep.u32 64..1024` backoff between polls; then a CTA barrier so no warp reads before the value is seen.
+    `red.release.gpu.add` (tl.atomic_add(counter, 1, sem="release", scope="gpu") on a scalar) -> next task.
+  consumer: for each wait, every thread spins on an acquire load, `ld.acquire.gpu.global.b32` through
+    tl.inline_asm_elementwise (a scalar tl.atomic_add(..., sem="acquire") in a loop emits a bar.sync per iteration,
+    triton#7125), with `nanosleep.u32 32..256` backoff between polls; then a CTA barrier so no warp reads before the
+    value is seen. Activations and KV rows written in this launch are loaded with .cg (L2, never a stale L1 line).
   Every buffer is written once per launch (graph.py), so there are only read-after-write edges: no WAR counters.
 
-Prefetch. Weights never depend on counters. Before spinning on task i's waits the CTA issues task i's first weight
-tile loads (register/shared destination, consumed after the wait) and an L2 prefetch (`cp.async.bulk.prefetch.L2` /
-`prefetch.global.L2::evict_last` via inline asm) of task i + 1's weight rows, so HBM stays busy while a CTA waits: the
-step is bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor ~460 us on an H200).
+Prefetch. Weights never depend on counters. Before spinning on task i's waits the CTA issues a bulk L2 prefetch
+(`cp.async.bulk.prefetch.L2.global`, sm_90+, PF_CHUNKS chunks, one a thread) of task i's weight rows (contiguous in
+the row-major matrices), so HBM streams them while the CTA waits and the GEMV's loads then hit L2: the step is
+bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor ~460 us on an H200). Off in the interpreter, before
+sm_90, and where a row is not a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   NORM   one CTA reduces sum(x^2) over `hidden` and writes n = x * rsqrt(mean + eps) * w;
-  QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in BLOCK_K chunks; OPROJ
-         first combines the attention partials of all splits, DOWN and OPROJ add the residual rows;
-  ROPE   rotates the group's q heads and k_g with cos/sin computed from `position` in-kernel, writes the KV cache row;
-  ATTN   split s of positions 0..position of KV group g for its G q heads: (m, l, o) partials into `att`.
+  QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in BK chunks into a (BN, BK)
+         fp32 accumulator reduced once after the loop; OPROJ combines the attention partials of all splits chunk by
+         chunk of its K (a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s; every OPROJ task recomputes it from L2,
+         S x Hq x (D + 2) floats), DOWN and OPROJ add the residual rows;
+  ROPE   rotates the group's q heads and k_g with cos/sin read from a (max_seq, D/2) table (computed in float64 at
+         build: fp32 angles lose ~1e-2 rad at position 1e5), writes q and the KV cache row at `position`;
+  ATTN   split s of positions 0..position of KV group g for its G q heads: online softmax over BLOCK_T positions at a
+         time, (o, m, l) partials into `att`; an empty split writes m = -inf, l = 0, o = 0.
 
-Watchdog (debug=True). Each spin reads `globaltimer` (triton.language.extra.cuda.globaltimer) and, past a timeout
-(default 1 s), writes (pid, task id, counter, value seen, expected) to an error record, sets an abort flag that every
-other spinning CTA also polls, and returns. The host synchronizes, finds the record set, and raises a RuntimeError
-naming the stuck task and counter with the labels of graph.tasks / graph.counters (the format of check.describe_stuck).
+Watchdog (debug=True). Each spin reads `%globaltimer` and, past `timeout_s`, records (program, task id, counter, value
+seen, expected) with a compare-and-swap on an error record whose flag every other spinning CTA also polls (abort),
+and leaves its queue. The host synchronizes after the launch, finds the record set, zeroes the counters (epoch 0) and
+raises a RuntimeError naming the stuck task and counter with the labels of graph.tasks / graph.counters.
 
-Testing plan. On CPU, the same kernel with grid=(1,) in Triton's interpreter runs one queue holding the tasks in
-the order check.run_queues yields (a legal interleaving: no spinning needed) against interpret.interpret; on the H200,
-against reference.decode_step at bf16 tolerance for several steps with a growing context, then timed against eager,
-CUDA graph and CUDA graph + PDL.
+Interpreter (TRITON_INTERPRET=1, CPU tensors). Programs run one after another, so the launcher gives one program
+(grid=(1,)) one queue holding every task in a legal interleaving of the schedule's queues (check.run_queues); each
+wait is a plain load that must already be met, and one that is not is recorded like the watchdog's (the host raises
+at once). The interpreter thus checks the task bodies and the counter bookkeeping (thresholds, epochs, signals); the
+spinning, prefetch, memory ordering and cooperative launch are GPU-only (constexpr INTERPRET prunes that PTX).
+
+Staged launches (MODE=STAGED, the benchmark's per-op baseline). One launch per stage (an op of a layer), a program
+per task, KIND constexpr (one body compiled per kind), no counters; with launch_pdl each program prefetches its
+weights, then `griddepcontrol.wait`s for the previous launch and lets the next one launch.
 """
 
 from __future__ import annotations
@@ -322,12 +335,12 @@ def _wait(ptr, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET: tl.conste
             alive = alive * 0
     else:
         v = _ld_acquire(ptr)
-        ns = pid * 0 + 64
+        ns = pid * 0 + 32
         if DEBUG:
             start = _globaltimer()
         while (v < target) & (alive != 0):
             _nanosleep(ns)
-            ns = tl.minimum(ns * 2, 1024)
+            ns = tl.minimum(ns * 2, 256)
             v = _ld_acquire(ptr)
             if DEBUG:
                 if _ld_acquire(ERR) != 0:  # another program's watchdog fired
