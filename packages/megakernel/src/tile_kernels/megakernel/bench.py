@@ -91,17 +91,20 @@ def bench_shape(name: str, layers: int | None = None, seed: int = 0) -> dict:
     cache = (torch.randn(config.kv_cache_shape(), generator=gen, device="cuda") * 0.5).to(torch.bfloat16)
     x = torch.randn(1, hidden, generator=gen, device="cuda").to(torch.bfloat16)
     position = CONTEXT - 1
-    step = build_decode_step(config, weights, context_hint=CONTEXT)
-    kernel = step.kernel
     weight_bytes = sum(w.numel() * w.element_size() for w in weights.values())
     kv_bytes = 2 * nl * CONTEXT * kv_heads * head_dim * cache.element_size()
-    # correctness at the benchmark shape: the kernel and the per-op launches against the eager step
-    eager_out = decode_step(config, weights, x, cache.clone(), position)
+    # correctness at the benchmark shape, first under the watchdog (a hang becomes an error, not a lost run)
+    checked = build_decode_step(config, weights, context_hint=CONTEXT, debug=True, timeout_s=2.0)
+    eager_out = decode_step(config, weights, x, cache.clone(), position).float()
     err = {
-        "megakernel": (step(x, cache.clone(), position).float() - eager_out.float()).abs().max().item(),
-        "per-op": (kernel.staged(x, cache.clone(), position).float() - eager_out.float()).abs().max().item(),
-        "scale": eager_out.float().abs().max().item(),
+        "megakernel": (checked(x, cache.clone(), position).float() - eager_out).abs().max().item(),
+        "per-op": (checked.kernel.staged(x, cache.clone(), position).float() - eager_out).abs().max().item(),
+        "scale": eager_out.abs().max().item(),
     }
+    print(f"bench megakernel {name}: max |error| vs eager {err}", file=sys.stderr, flush=True)
+    del checked
+    step = build_decode_step(config, weights, context_hint=CONTEXT)
+    kernel = step.kernel
     impls = {
         "megakernel": lambda: _events_us(lambda: step(x, cache, position)),
         "torch eager": lambda: _events_us(lambda: decode_step(config, weights, x, cache, position), steps=5),
