@@ -23,11 +23,17 @@ def _progress(done: int, total: int, target: str) -> None:
 
 def _aot(args) -> int:
     from . import aot
+    from .registry import REGISTRY
 
     targets = args.target or list(aot.TARGETS)
     unknown = [t for t in targets if t not in aot.TARGETS]
     if unknown:
         raise SystemExit(f"tile-kernels aot: unknown target(s) {unknown}; known: {', '.join(aot.TARGETS)}")
+    unknown = [o for o in (args.op or []) + (args.skip or []) if o not in REGISTRY]
+    if unknown:
+        raise SystemExit(f"tile-kernels aot: unknown op(s) {unknown}; registered: {', '.join(sorted(REGISTRY))}")
+    if args.skip:
+        args.op = [o for o in (args.op or sorted(REGISTRY)) if o not in args.skip]
     if args.list:
         for name in targets:
             for cfg in aot.configs(aot.TARGETS[name], args.op):
@@ -67,6 +73,7 @@ def main(argv=None) -> int:
     )
     aot.add_argument("--target", action="append", help="e.g. cuda:90 or hip:gfx942 (repeatable; default: all)")
     aot.add_argument("--op", action="append", help="only these ops (repeatable; default: all registered)")
+    aot.add_argument("--skip", action="append", help="leave these ops out (repeatable)")
     aot.add_argument("--out", help="write cubin/hsaco files and manifest.json under this folder")
     aot.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes (default: all cores)")
     aot.add_argument("--list", action="store_true", help="list the configurations instead of compiling")
