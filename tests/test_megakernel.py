@@ -87,9 +87,8 @@ def test_checker_accepts_built_schedules(problem):
     assert sorted(t for q in sched.queues for t in q) == list(range(len(graph.tasks)))
     c, t = config, tiling
     per_layer = (
-        2
-        + math.ceil((c.num_heads + 2 * c.num_kv_heads) * c.head_dim / t.qkv)
-        + c.num_kv_heads * (1 + t.kv_splits)
+        math.ceil((c.num_heads + 2 * c.num_kv_heads) * c.head_dim / t.qkv)
+        + c.num_kv_heads * t.kv_splits
         + math.ceil(c.hidden / t.o)
         + math.ceil(c.intermediate / t.gateup)
         + math.ceil(c.hidden / t.down)
@@ -177,9 +176,9 @@ def test_checker_rejects_a_swapped_queue_order(problem, data):
 
 
 def chain(graph):
-    """Tasks x -> y -> z, each waiting on the one before (norm1 -> a QKV tile -> a ROPE of layer 0)."""
+    """Tasks x -> y -> z, each waiting on the one before (a QKV tile -> an ATTN task -> an OPROJ tile of layer 0)."""
     producers = graph.producers()
-    z = next(t for t in graph.tasks if t.kind == Kind.ROPE)
+    z = next(t for t in graph.tasks if t.kind == Kind.OPROJ)
     y = graph.tasks[producers[z.waits[0][0]][0]]
     x = graph.tasks[producers[y.waits[0][0]][0]]
     return x, y, z
@@ -190,13 +189,15 @@ def test_a_cross_queue_deadlock_is_found_and_reported_with_its_stuck_waits(probl
     config, tiling, num_sms = problem
     graph, sched = built(config, tiling, max(2, num_sms))
     x, y, z = chain(graph)
-    # queue 0 runs z before x, queue 1 runs y, then the rest in topological order: z waits for y, y waits for x,
-    # x is behind z
-    rest = tuple(t.id for t in graph.tasks if t.id not in (x.id, y.id, z.id))
-    bad = Schedule(((z.id, x.id), (y.id, *rest)) + ((),) * (sched.num_sms - 2))
+    # queue 0 runs z before x (and y's other producers, which wait for nothing), queue 1 runs y, then the rest in
+    # topological order: z waits for y, y waits for x, x is behind z
+    producers = graph.producers()
+    others = sorted({p for cid, _ in y.waits for p in producers[cid]} - {x.id})
+    rest = tuple(t.id for t in graph.tasks if t.id not in (x.id, y.id, z.id, *others))
+    bad = Schedule(((z.id, x.id, *others), (y.id, *rest)) + ((),) * (sched.num_sms - 2))
     found = find_problems(graph, bad)
     assert not any("later in the same queue" in p for p in found), found  # each queue alone looks fine
-    stuck_z = f"deadlock: queue 0 stuck at {z.label} waiting for {graph.counters[z.waits[0][0]]} = 0 < 1"
+    stuck_z = f"deadlock: queue 0 stuck at {z.label} waiting for {graph.counters[z.waits[0][0]]} = 0 < {z.waits[0][1]}"
     assert any(p.startswith(stuck_z) for p in found), found
     with pytest.raises(DeadlockError) as err:
         interpret(graph, bad, {}, torch.zeros(config.hidden), torch.zeros(config.kv_cache_shape()), 0, rng=1)
@@ -259,18 +260,18 @@ def test_every_interleaving_gives_the_same_bits(problem, seed):
 
 
 def test_a_missing_dependency_poisons_the_result():
-    """A QKV tile that no longer waits for the norm, run first: it reads the NaN-poisoned norm buffer."""
+    """A GATEUP tile that no longer waits for the O projection, run first: it reads the NaN-poisoned h."""
     config = DecoderConfig(1, 8, 2, 1, 4, 8, 4)
     graph, sched = built(config, Tiling(4, 4, 4, 4, 2), 2)
-    qkv = next(t for t in graph.tasks if t.kind == Kind.QKV)
-    mutate_waits(graph, qkv.id, [])
+    gateup = next(t for t in graph.tasks if t.kind == Kind.GATEUP)
+    mutate_waits(graph, gateup.id, [])
     bad = Schedule(
         (
-            (qkv.id,) + tuple(t for t in sched.queues[0] if t != qkv.id),
-            *(tuple(t for t in q if t != qkv.id) for q in sched.queues[1:]),
+            (gateup.id,) + tuple(t for t in sched.queues[0] if t != gateup.id),
+            *(tuple(t for t in q if t != gateup.id) for q in sched.queues[1:]),
         )
     )
-    assert any(p.startswith("race: " + qkv.label) for p in find_problems(graph, bad))
+    assert any(p.startswith("race: " + gateup.label) for p in find_problems(graph, bad))
     packed = pack_weights(config, layer_weights(config, random_weights(config, 0)))
     out = interpret(graph, bad, packed, torch.randn(8), torch.randn(config.kv_cache_shape()), 2)
     assert out.isnan().all()
@@ -409,7 +410,7 @@ def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed):
                         cache_ref, position, dtype=torch.float32, buffers=want)  # fmt: skip
     out = kernel(x, cache, position)
     for name in sorted(kernel.graph.buffers):
-        if name[: name.index("[")] in ("x", "h", "n1", "n2", "qkv", "q", "att", "act") and name in want:
+        if name[: name.index("[")] in ("x", "h", "qkv", "att", "act") and name in want:
             if name in kernel.graph.inputs or name == kernel.graph.output:
                 continue
             torch.testing.assert_close(kernel.scratch(name), want[name], rtol=1e-5, atol=1e-5, msg=name)
@@ -457,7 +458,7 @@ def test_staged_launches_match_the_persistent_kernel():
         got = kernel.staged(x, cache2, position)
         assert torch.equal(cache, cache2)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    assert [k for k, _, _ in kernel.stages[:8]] == [0, 1, 2, 3, 4, 0, 5, 6]
+    assert [k for k, _, _ in kernel.stages[:6]] == [Kind.QKV, Kind.ATTN, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.QKV]
 
 
 @needs_interpreter
@@ -509,11 +510,11 @@ import json, sys
 from tile_kernels.megakernel.kernel import compile_ahead
 meta = json.loads(sys.argv[1])
 persistent = compile_ahead(meta, DEBUG=True, PREFETCH=True).asm["ptx"]
-staged = compile_ahead(meta, MODE=1, KIND=5, PDL=True, PREFETCH=True).asm["ptx"]
+staged = compile_ahead(meta, MODE=1, KIND=3, PDL=True, PREFETCH=True).asm["ptx"]
 print(json.dumps([persistent, staged]))
 """
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=256, BN_O=16, BK_O=128, BN_GU=64, BK_GU=64, BN_D=16,
-                BK_D=512, BLOCK_S=16, BLOCK_T=32, BLOCK_G=4, BLOCK_R=8, BLOCK_D=64, BLOCK_DH=32, PF_CHUNKS=128,
+                BK_D=512, BLOCK_S=16, BLOCK_T=32, BLOCK_G=4, BLOCK_DH=32, PF_CHUNKS=128,
                 PF_BYTES=4096, INTERPRET=False, DEBUG=False, PREFETCH=True)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", code, json.dumps(meta)], capture_output=True, text=True, env=env,

@@ -5,21 +5,24 @@ waits for counters to reach thresholds before it starts, and adds 1 to exactly o
 threshold is the number of tasks that signal it (within one launch; a persistent kernel that never resets its counters
 compares with epoch x producers). Per layer l, with x[0] the input hidden and x[l + 1] the layer's output:
 
-    NORM     rmsnorm(x[l]) * w_attn -> n1[l]                      waits down[l-1] (all down tiles of the layer before)
-    QKV      rows [lo, hi) of Wqkv n1 -> qkv[l]                   waits norm1[l]
-    ROPE     kv group g: rope(q heads of g), rope(k_g), v_g        waits the qkv tiles that cover group g's rows
-             -> q[l] and the KV cache row at `position`
-    ATTN     group g, KV split s: online-softmax partial (m, l, o) waits rope[l].g
-             over split s of positions 0..position -> att[l]
-    OPROJ    rows [lo, hi): x[l] + Wo combine(att) -> h[l]         waits attn[l] (every group and split)
-    NORM     rmsnorm(h[l]) * w_mlp -> n2[l]                        waits oproj[l]
-    GATEUP   rows [lo, hi): silu(Wg n2) * (Wu n2) -> act[l]        waits norm2[l]
-    DOWN     rows [lo, hi): h[l] + Wd act -> x[l + 1]             waits gateup[l]
+    QKV      rows [lo, hi) of Wqkv (rms(x[l]) w_attn) -> qkv[l]      waits down[l-1] (every down tile of layer l-1)
+    ATTN     group g, KV split s: rope(q heads of g), rope(k_g), v_g, waits the qkv tiles that cover group g's rows
+             then the online-softmax partial (o, m, l) over split s
+             of the cached positions 0..position-1 (split 0 also takes
+             the new token, from registers) -> att[l]; split 0 writes
+             the KV cache row at `position`
+    OPROJ    rows [lo, hi): x[l] + Wo combine(att) -> h[l]          waits attn[l] (every group and split)
+    GATEUP   rows [lo, hi): silu(Wg m) * (Wu m), m = rms(h[l]) w_mlp waits oproj[l]
+             -> act[l]
+    DOWN     rows [lo, hi): h[l] + Wd act -> x[l + 1]               waits gateup[l]
 
-Design limits: batch 1; every intermediate buffer is written once per launch (per-layer scratch, so only
+rms(v) = v / sqrt(mean(v^2) + eps). The norms and the rotary embedding are recomputed by each consumer tile (hidden
+and (G + 2) x head_dim elements, read from L2) instead of being tasks of their own: every task boundary is a
+release -> acquire hop on the critical path (5 a layer here instead of 8), while the recomputation is a few KB per
+tile. Design limits: batch 1; every intermediate buffer is written once per launch (per-layer scratch, so only
 read-after-write edges exist); Wqkv is packed group-major, [q heads of group g, k_g, v_g] for g = 0 .. Hk-1, so that
-a ROPE task waits on a contiguous run of QKV tiles; the KV splits are static and each covers ceil((position+1)/splits)
-positions at run time (a split past the end is empty)."""
+an ATTN task waits on a contiguous run of QKV tiles; the KV splits are static and split s covers positions
+[s c, (s + 1) c) of 0..position-1, c = ceil(position / splits) (a split past the end is empty)."""
 
 from __future__ import annotations
 
@@ -31,13 +34,11 @@ from .config import DecoderConfig
 
 
 class Kind(IntEnum):
-    NORM = 0  # tile (0, 1): attention norm, (1, 2): MLP norm
-    QKV = 1
-    ROPE = 2  # tile (g, g + 1)
-    ATTN = 3  # tile (g, g + 1), split s
-    OPROJ = 4
-    GATEUP = 5
-    DOWN = 6
+    QKV = 0
+    ATTN = 1  # tile (g, g + 1), split s
+    OPROJ = 2
+    GATEUP = 3
+    DOWN = 4
 
 
 class Region(NamedTuple):
@@ -175,8 +176,7 @@ def build_graph(
     for layer in range(c.num_layers):
         L = f"[{layer}]"
         x, h, x_next = f"x{L}", buf(f"h{L}", c.hidden), buf(f"x[{layer + 1}]", c.hidden)
-        n1, n2 = buf(f"n1{L}", c.hidden), buf(f"n2{L}", c.hidden)
-        qkv, q = buf(f"qkv{L}", nqkv), buf(f"q{L}", Hq * D)
+        qkv = buf(f"qkv{L}", nqkv)
         kv_new = buf(f"kv_new{L}", 2 * Hk * D)  # the KV cache row at `position`: k heads, then v heads
         buf(f"kv_cache{L}", 2 * c.max_seq * Hk * D, is_input=True)  # rows before `position`, read by ATTN
         att = buf(f"att{L}", S * Hq * (D + 2))  # (split, head, [o (D), m, l])
@@ -186,16 +186,6 @@ def build_graph(
         wg, wu = buf(f"wgate{L}", c.intermediate * c.hidden, True), buf(f"wup{L}", c.intermediate * c.hidden, True)
         wd = buf(f"wdown{L}", c.hidden * c.intermediate, True)
 
-        add(
-            Kind.NORM,
-            layer,
-            0,
-            1,
-            [Region(x, 0, c.hidden), Region(w_an, 0, c.hidden)],
-            [Region(n1, 0, c.hidden)],
-            [f"down[{layer - 1}]"] if layer else [],
-            f"norm1{L}",
-        )
         qkv_tiles = tiles(nqkv, t.qkv)
         for i, (lo, hi) in enumerate(qkv_tiles):
             add(
@@ -203,44 +193,26 @@ def build_graph(
                 layer,
                 lo,
                 hi,
-                [Region(n1, 0, c.hidden), Region(wqkv, lo * c.hidden, hi * c.hidden)],
+                [Region(x, 0, c.hidden), Region(w_an, 0, c.hidden), Region(wqkv, lo * c.hidden, hi * c.hidden)],
                 [Region(qkv, lo, hi)],
-                [f"norm1{L}"],
+                [f"down[{layer - 1}]"] if layer else [],
                 f"qkv{L}.{i}",
             )
+        chunk = -(-max(ctx - 1, 0) // S)
         for g in range(Hk):
             lo, hi = qkv_rows_of_group(c, g)
             need = [f"qkv{L}.{i}" for i, (a, b) in enumerate(qkv_tiles) if a < hi and lo < b]
-            add(
-                Kind.ROPE,
-                layer,
-                g,
-                g + 1,
-                [Region(qkv, lo, hi)],
-                [
-                    Region(q, g * G * D, (g + 1) * G * D),
-                    Region(kv_new, g * D, (g + 1) * D),
-                    Region(kv_new, (Hk + g) * D, (Hk + g + 1) * D),
-                ],
-                need,
-                f"rope{L}.{g}",
-            )
-        chunk = -(-ctx // S)
-        for g in range(Hk):
             for s in range(S):
                 row = (s * Hq + g * G) * (D + 2)
+                new_row = [Region(kv_new, g * D, (g + 1) * D), Region(kv_new, (Hk + g) * D, (Hk + g + 1) * D)]
                 add(
                     Kind.ATTN,
                     layer,
                     g,
                     g + 1,
-                    [
-                        Region(q, g * G * D, (g + 1) * G * D),
-                        Region(kv_new, g * D, (g + 1) * D),
-                        Region(kv_new, (Hk + g) * D, (Hk + g + 1) * D),
-                    ],
-                    [Region(att, row, row + G * (D + 2))],
-                    [f"rope{L}.{g}"],
+                    [Region(qkv, lo, hi)],
+                    [Region(att, row, row + G * (D + 2))] + (new_row if s == 0 else []),
+                    need,
                     f"attn{L}",
                     split=s,
                     extra_bytes=2 * chunk * D * weight_bytes,
@@ -256,16 +228,6 @@ def build_graph(
                 [f"attn{L}"],
                 f"oproj{L}",
             )
-        add(
-            Kind.NORM,
-            layer,
-            1,
-            2,
-            [Region(h, 0, c.hidden), Region(w_mn, 0, c.hidden)],
-            [Region(n2, 0, c.hidden)],
-            [f"oproj{L}"],
-            f"norm2{L}",
-        )
         for lo, hi in tiles(c.intermediate, t.gateup):
             add(
                 Kind.GATEUP,
@@ -273,12 +235,13 @@ def build_graph(
                 lo,
                 hi,
                 [
-                    Region(n2, 0, c.hidden),
+                    Region(h, 0, c.hidden),
+                    Region(w_mn, 0, c.hidden),
                     Region(wg, lo * c.hidden, hi * c.hidden),
                     Region(wu, lo * c.hidden, hi * c.hidden),
                 ],
                 [Region(act, lo, hi)],
-                [f"norm2{L}"],
+                [f"oproj{L}"],
                 f"gateup{L}",
             )
         for lo, hi in tiles(c.hidden, t.down):

@@ -25,31 +25,32 @@ class DeadlockError(RuntimeError):
         super().__init__("the queues deadlocked:\n  " + "\n  ".join(stuck))
 
 
+def _rms(c: DecoderConfig, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return v * torch.rsqrt(v.square().mean() + c.rms_eps) * w
+
+
 def _run_task(c: DecoderConfig, S: int, t: Task, b: dict, kv: torch.Tensor, pos: int, cos, sin) -> None:
     D, G, Hq, H, L = c.head_dim, c.group, c.num_heads, c.hidden, f"[{t.layer}]"
-    if t.kind == Kind.NORM:
-        src, w, dst = (f"x{L}", f"w_attn_norm{L}", f"n1{L}") if t.lo == 0 else (f"h{L}", f"w_mlp_norm{L}", f"n2{L}")
-        x = b[src]
-        b[dst][:] = x * torch.rsqrt(x.square().mean() + c.rms_eps) * b[w]
-    elif t.kind == Kind.QKV:
-        b[f"qkv{L}"][t.lo : t.hi] = b[f"wqkv{L}"].view(-1, H)[t.lo : t.hi] @ b[f"n1{L}"]
-    elif t.kind == Kind.ROPE:
-        g = t.lo
+    if t.kind == Kind.QKV:
+        n1 = _rms(c, b[f"x{L}"], b[f"w_attn_norm{L}"])
+        b[f"qkv{L}"][t.lo : t.hi] = b[f"wqkv{L}"].view(-1, H)[t.lo : t.hi] @ n1
+    elif t.kind == Kind.ATTN:
+        g, s = t.lo, t.split
         lo, hi = qkv_rows_of_group(c, g)
         seg = b[f"qkv{L}"][lo:hi].view(G + 2, D)
         x1, x2 = seg[: G + 1, : D // 2], seg[: G + 1, D // 2 :]
         rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # G q heads, then k_g
-        b[f"q{L}"][g * G * D : (g + 1) * G * D] = rot[:G].reshape(-1)
-        kv[t.layer, 0, pos, g] = rot[G].to(kv.dtype)
-        kv[t.layer, 1, pos, g] = seg[G + 1].to(kv.dtype)
-    elif t.kind == Kind.ATTN:
-        g, s, n = t.lo, t.split, pos + 1
-        chunk = -(-n // S)
-        a, e = min(n, s * chunk), min(n, (s + 1) * chunk)
-        q = b[f"q{L}"][g * G * D : (g + 1) * G * D].view(G, D)
+        q, k_new, v_new = rot[:G], rot[G].to(kv.dtype), seg[G + 1].to(kv.dtype)
+        if s == 0:  # the new token: its KV cache row, and its place in split 0 (from registers, not re-read)
+            kv[t.layer, 0, pos, g], kv[t.layer, 1, pos, g] = k_new, v_new
+        chunk = -(-pos // S)
+        a, e = min(pos, s * chunk), min(pos, (s + 1) * chunk)
         keys, vals = kv[t.layer, 0, a:e, g].to(q.dtype), kv[t.layer, 1, a:e, g].to(q.dtype)
-        scores = q @ keys.T / D**0.5  # (G, e - a)
-        m = scores.amax(dim=1) if e > a else torch.full((G,), -torch.inf, dtype=q.dtype)
+        if s == 0:
+            keys = torch.cat([keys, k_new.to(q.dtype)[None]])
+            vals = torch.cat([vals, v_new.to(q.dtype)[None]])
+        scores = q @ keys.T / D**0.5  # (G, positions)
+        m = scores.amax(dim=1) if len(keys) else torch.full((G,), -torch.inf, dtype=q.dtype)
         p = torch.exp(scores - m[:, None])
         row = (s * Hq + g * G) * (D + 2)
         b[f"att{L}"][row : row + G * (D + 2)] = torch.cat([p @ vals, m[:, None], p.sum(1)[:, None]], 1).reshape(-1)
@@ -60,7 +61,7 @@ def _run_task(c: DecoderConfig, S: int, t: Task, b: dict, kv: torch.Tensor, pos:
         attn = (scale[..., None] * o).sum(0) / (scale * l_).sum(0)[:, None]
         b[f"h{L}"][t.lo : t.hi] = b[f"x{L}"][t.lo : t.hi] + b[f"wo{L}"].view(H, -1)[t.lo : t.hi] @ attn.reshape(-1)
     elif t.kind == Kind.GATEUP:
-        n2, I_ = b[f"n2{L}"], c.intermediate
+        n2, I_ = _rms(c, b[f"h{L}"], b[f"w_mlp_norm{L}"]), c.intermediate
         gate = b[f"wgate{L}"].view(I_, H)[t.lo : t.hi] @ n2
         b[f"act{L}"][t.lo : t.hi] = torch.nn.functional.silu(gate) * (b[f"wup{L}"].view(I_, H)[t.lo : t.hi] @ n2)
     elif t.kind == Kind.DOWN:

@@ -35,15 +35,17 @@ bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor ~460 us on an H200
 sm_90, and where a row is not a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
-  NORM   one CTA reduces sum(x^2) over `hidden` and writes n = x * rsqrt(mean + eps) * w;
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in BK chunks into a (BN, BK)
-         fp32 accumulator reduced once after the loop; OPROJ combines the attention partials of all splits chunk by
-         chunk of its K (a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s; every OPROJ task recomputes it from L2,
-         S x Hq x (D + 2) floats), DOWN and OPROJ add the residual rows;
-  ROPE   rotates the group's q heads and k_g with cos/sin read from a (max_seq, D/2) table (computed in float64 at
-         build: fp32 angles lose ~1e-2 rad at position 1e5), writes q and the KV cache row at `position`;
-  ATTN   split s of positions 0..position of KV group g for its G q heads: online softmax over BLOCK_T positions at a
-         time, (o, m, l) partials into `att`; an empty split writes m = -inf, l = 0, o = 0.
+         fp32 accumulator reduced once after the loop. QKV and GATEUP normalize their input on the fly (r = rsqrt(
+         mean(v^2) + eps) from one pass over the hidden vector, then each chunk times r and the norm weight: no NORM
+         task, no hop); OPROJ combines the attention partials of all splits chunk by chunk of its K (a = sum_s
+         e^(m_s - M) o_s / sum_s e^(m_s - M) l_s; every OPROJ task recomputes it from L2, S x Hq x (D + 2) floats);
+         DOWN and OPROJ add the residual rows; GATEUP streams its two matrices in one loop.
+  ATTN   group g, split s: rotates the group's q heads and k_g (the two rotary halves kept apart, cos/sin read from a
+         (max_seq, D/2) table computed in float64 at build: fp32 angles lose ~1e-2 rad at position 1e5); split 0
+         writes the new KV cache row and starts its online softmax from the new token in registers (rounded to the
+         cache dtype, as the eager step re-reads it), then every split streams its BLOCK_T-position blocks of the
+         cached rows 0..position-1 and writes its (o, m, l) partial into `att`; an empty split writes -inf, 0, 0.
 
 Watchdog (debug=True). Each spin reads `%globaltimer` and, past `timeout_s`, records (program, task id, counter, value
 seen, expected) with a compare-and-swap on an error record whose flag every other spinning CTA also polls (abort),
@@ -66,15 +68,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .graph import Kind, TaskGraph
+from .graph import TaskGraph
 from .schedule import TASK_FIELDS, Schedule, encode
 
 # rows of the offset table OFFS (buffer, layer): scratch buffers index the float32 arena A, weights the arena W
-SCRATCH = ("x", "h", "n1", "n2", "qkv", "q", "att", "act")
+SCRATCH = ("x", "h", "qkv", "att", "act")
 WEIGHTS = ("w_attn_norm", "w_mlp_norm", "wqkv", "wo", "wgate", "wup", "wdown")
 BUFFERS = SCRATCH + WEIGHTS
-B_X, B_H, B_N1, B_N2, B_QKV, B_Q, B_ATT, B_ACT = (tl.constexpr(i) for i in range(8))
-B_WAN, B_WMN, B_WQKV, B_WO, B_WG, B_WU, B_WD = (tl.constexpr(8 + i) for i in range(7))
+B_X, B_H, B_QKV, B_ATT, B_ACT = (tl.constexpr(i) for i in range(5))
+B_WAN, B_WMN, B_WQKV, B_WO, B_WG, B_WU, B_WD = (tl.constexpr(5 + i) for i in range(7))
 NF = tl.constexpr(len(TASK_FIELDS))
 ERR_FIELDS = ("flag", "program", "task", "counter", "value", "expected")
 PERSISTENT, STAGED = 0, 1  # MODE: one program per SM walking its queue / one program per task of one stage
@@ -126,13 +128,25 @@ def _ptr(ARENA, OFFS, buf, layer, NL1):
 
 
 @triton.jit
-def _load_x(XIN, A, OFFS, layer, NL1, idx, mask):
-    """x[layer] (the residual stream entering the layer): the step's input for layer 0, else float32 scratch."""
-    if layer == 0:
-        v = tl.load(XIN + idx, mask=mask, other=0.0).to(tl.float32)
+def _vec(XIN, A, OFFS, buf: tl.constexpr, layer, NL1, idx, mask):
+    """Elements idx of the float32 activation vector `buf` of `layer`: x[0] is the step's input, the rest scratch
+    written in this launch, loaded with .cg (from L2, never a stale L1 line)."""
+    if buf == B_X:
+        if layer == 0:
+            v = tl.load(XIN + idx, mask=mask, other=0.0).to(tl.float32)
+        else:
+            v = tl.load(_ptr(A, OFFS, buf, layer, NL1) + idx, mask=mask, other=0.0, cache_modifier=".cg")
     else:
-        v = tl.load(_ptr(A, OFFS, B_X, layer, NL1) + idx, mask=mask, other=0.0, cache_modifier=".cg")
+        v = tl.load(_ptr(A, OFFS, buf, layer, NL1) + idx, mask=mask, other=0.0, cache_modifier=".cg")
     return v
+
+
+@triton.jit
+def _rms_scale(XIN, A, OFFS, buf: tl.constexpr, layer, NL1, H, eps, BLOCK_H: tl.constexpr):
+    """1 / sqrt(mean(v^2) + eps) of the activation vector `buf` (H elements, one BLOCK_H tile)."""
+    cols = tl.arange(0, BLOCK_H)
+    v = _vec(XIN, A, OFFS, buf, layer, NL1, cols, cols < H)
+    return tl.rsqrt(tl.sum(v * v) / H + eps)
 
 
 @triton.jit
@@ -185,84 +199,90 @@ def _task(
     BLOCK_S: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_D: tl.constexpr,
     BLOCK_DH: tl.constexpr,
 ):
     """One task (graph.py's table of kinds); `kind` is a constexpr in staged launches (one body compiled)."""
     NL1 = NL + 1
     HQ = HK * G
     QD = HQ * D
-    if kind == 0:  # NORM: y = x * rsqrt(mean(x^2) + eps) * w (tile 0: attention norm of x[l], tile 1: MLP norm of h)
-        cols = tl.arange(0, BLOCK_H)
-        cm = cols < H
-        if lo == 0:
-            x = _load_x(XIN, A, OFFS, layer, NL1, cols, cm)
-            w = tl.load(_ptr(W, OFFS, B_WAN, layer, NL1) + cols, mask=cm, other=0.0).to(tl.float32)
-            dst = _ptr(A, OFFS, B_N1, layer, NL1)
-        else:
-            x = tl.load(_ptr(A, OFFS, B_H, layer, NL1) + cols, mask=cm, other=0.0, cache_modifier=".cg")
-            w = tl.load(_ptr(W, OFFS, B_WMN, layer, NL1) + cols, mask=cm, other=0.0).to(tl.float32)
-            dst = _ptr(A, OFFS, B_N2, layer, NL1)
-        r = tl.rsqrt(tl.sum(x * x) / H + eps)
-        tl.store(dst + cols, x * r * w, mask=cm)
-    elif kind == 1:  # QKV: qkv[lo:hi] = Wqkv[lo:hi] n1
+    if kind == 0:  # QKV: qkv[lo:hi] = Wqkv[lo:hi] (x r w_attn), r = rsqrt(mean(x^2) + eps), x = x[l]
+        r = _rms_scale(XIN, A, OFFS, B_X, layer, NL1, H, eps, BLOCK_H)
+        wqkv = _ptr(W, OFFS, B_WQKV, layer, NL1)
+        wn = _ptr(W, OFFS, B_WAN, layer, NL1)
         rows = lo + tl.arange(0, BN_QKV)
-        acc = _gemv(_ptr(W, OFFS, B_WQKV, layer, NL1), _ptr(A, OFFS, B_N1, layer, NL1), lo, hi, H, BN_QKV, BK_QKV)
-        tl.store(_ptr(A, OFFS, B_QKV, layer, NL1) + rows, acc, mask=rows < hi)
-    elif kind == 2:  # ROPE of group g = lo: rows (G q heads, k_g, v_g) of qkv; (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)
-        j = tl.arange(0, BLOCK_R)[:, None]  # row of the group: q heads 0..G-1, then k (G), then v (G + 1)
-        i = tl.arange(0, BLOCK_DH)[None, :]
-        m = (j < G + 2) & (i < D // 2)
-        seg = _ptr(A, OFFS, B_QKV, layer, NL1) + lo * (G + 2) * D + j * D
-        x1 = tl.load(seg + i, mask=m, other=0.0, cache_modifier=".cg")
-        x2 = tl.load(seg + D // 2 + i, mask=m, other=0.0, cache_modifier=".cg")
-        c = tl.load(ROPE + position * (D // 2) + i, mask=i < D // 2, other=1.0)
-        s = tl.load(ROPE + (MAXSEQ + position) * (D // 2) + i, mask=i < D // 2, other=0.0)
-        rot = j <= G  # v is not rotated
-        y1 = tl.where(rot, x1 * c - x2 * s, x1)
-        y2 = tl.where(rot, x2 * c + x1 * s, x2)
-        q = _ptr(A, OFFS, B_Q, layer, NL1) + (lo * G + j) * D
-        tl.store(q + i, y1, mask=m & (j < G))
-        tl.store(q + D // 2 + i, y2, mask=m & (j < G))
-        # KV cache row `position`: (layers, 2, max_seq, HK, D); k = row G, v = row G + 1
-        kv = KV + ((layer.to(tl.int64) * 2 + (j - G)) * MAXSEQ + position) * HK * D + lo * D
-        km = m & (j >= G)
-        tl.store(kv + i, y1.to(KV.dtype.element_ty), mask=km)
-        tl.store(kv + D // 2 + i, y2.to(KV.dtype.element_ty), mask=km)
-    elif kind == 3:  # ATTN of group g = lo, split s: (o, m, l) over positions [a, e) of 0..position
-        n = position + 1
-        chunk = (n + S - 1) // S
-        a = tl.minimum(n, split * chunk)
-        e = tl.minimum(n, a + chunk)
+        acc = tl.zeros((BN_QKV, BK_QKV), tl.float32)
+        for k0 in range(0, H, BK_QKV):
+            cols = k0 + tl.arange(0, BK_QKV)
+            cm = cols < H
+            n = (
+                _vec(XIN, A, OFFS, B_X, layer, NL1, cols, cm)
+                * r
+                * tl.load(wn + cols, mask=cm, other=0.0).to(tl.float32)
+            )
+            w = tl.load(wqkv + rows[:, None] * H + cols[None, :], mask=(rows[:, None] < hi) & cm[None, :], other=0.0)
+            acc += w.to(tl.float32) * n[None, :]
+        tl.store(_ptr(A, OFFS, B_QKV, layer, NL1) + rows, tl.sum(acc, axis=1), mask=rows < hi)
+    elif kind == 1:  # ATTN of group g = lo, split s (graph.py): rope, the new KV row, (o, m, l) over the split
+        i = tl.arange(0, BLOCK_DH)  # the two rotary halves are kept apart: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)
+        im = i < D // 2
         jg = tl.arange(0, BLOCK_G)
-        dd = tl.arange(0, BLOCK_D)
-        qm = (jg[:, None] < G) & (dd[None, :] < D)
-        qp = _ptr(A, OFFS, B_Q, layer, NL1) + (lo * G + jg[:, None]) * D + dd[None, :]
-        q = tl.load(qp, mask=qm, other=0.0, cache_modifier=".cg") * sm_scale  # (G, D)
-        kbase = KV + (layer.to(tl.int64) * 2 * MAXSEQ) * HK * D + lo * D
+        qm = (jg < G)[:, None] & im[None, :]
+        seg = _ptr(A, OFFS, B_QKV, layer, NL1) + lo * (G + 2) * D  # G q heads, k_g, v_g
+        c = tl.load(ROPE + position * (D // 2) + i, mask=im, other=1.0)
+        s = tl.load(ROPE + (MAXSEQ + position) * (D // 2) + i, mask=im, other=0.0)
+        x1 = tl.load(seg + jg[:, None] * D + i[None, :], mask=qm, other=0.0, cache_modifier=".cg")
+        x2 = tl.load(seg + jg[:, None] * D + D // 2 + i[None, :], mask=qm, other=0.0, cache_modifier=".cg")
+        q1 = (x1 * c - x2 * s) * sm_scale
+        q2 = (x2 * c + x1 * s) * sm_scale
+        k1 = tl.load(seg + G * D + i, mask=im, other=0.0, cache_modifier=".cg")
+        k2 = tl.load(seg + G * D + D // 2 + i, mask=im, other=0.0, cache_modifier=".cg")
+        kn1 = (k1 * c - k2 * s).to(KV.dtype.element_ty)
+        kn2 = (k2 * c + k1 * s).to(KV.dtype.element_ty)
+        vn1 = tl.load(seg + (G + 1) * D + i, mask=im, other=0.0, cache_modifier=".cg").to(KV.dtype.element_ty)
+        vn2 = tl.load(seg + (G + 1) * D + D // 2 + i, mask=im, other=0.0, cache_modifier=".cg").to(KV.dtype.element_ty)
+        kbase = KV + (layer.to(tl.int64) * 2 * MAXSEQ) * HK * D + lo * D  # (layers, 2, max_seq, HK, D)
         vbase = kbase + MAXSEQ.to(tl.int64) * HK * D
-        m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BLOCK_G,), tl.float32)
-        o = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
+        first = split == 0
+        if first:  # the new token's KV row (nobody reads it in this launch: split 0 keeps it in registers)
+            row = position.to(tl.int64) * HK * D
+            tl.store(kbase + row + i, kn1, mask=im)
+            tl.store(kbase + row + D // 2 + i, kn2, mask=im)
+            tl.store(vbase + row + i, vn1, mask=im)
+            tl.store(vbase + row + D // 2 + i, vn2, mask=im)
+        # split 0 starts from the new token (m = its score, l = 1, o = v), the others from nothing
+        sn = tl.sum(q1 * kn1.to(tl.float32)[None, :] + q2 * kn2.to(tl.float32)[None, :], axis=1)
+        m_i = tl.where(first, sn, float("-inf"))
+        l_i = tl.where(first, 1.0, 0.0) + tl.zeros((BLOCK_G,), tl.float32)
+        zero = tl.zeros((BLOCK_G, BLOCK_DH), tl.float32)
+        o1 = tl.where(first, vn1.to(tl.float32)[None, :] + zero, zero)
+        o2 = tl.where(first, vn2.to(tl.float32)[None, :] + zero, zero)
+        chunk = (position + S - 1) // S  # cached positions 0..position-1 split in S ranges
+        a = tl.minimum(position, split * chunk)
+        e = tl.minimum(position, a + chunk)
         for t0 in range(a, e, BLOCK_T):
             tt = t0 + tl.arange(0, BLOCK_T)
-            km = (tt[:, None] < e) & (dd[None, :] < D)
-            k = tl.load(kbase + tt[:, None] * (HK * D) + dd[None, :], mask=km, other=0.0, cache_modifier=".cg")
-            v = tl.load(vbase + tt[:, None] * (HK * D) + dd[None, :], mask=km, other=0.0, cache_modifier=".cg")
-            sc = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # (G, T)
-            sc = tl.where((tt < e)[None, :], sc, float("-inf"))
+            tm = tt < e
+            km = tm[:, None] & im[None, :]
+            off = tt[:, None] * (HK * D) + i[None, :]
+            ka = tl.load(kbase + off, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)
+            kb = tl.load(kbase + off + D // 2, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)
+            va = tl.load(vbase + off, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)
+            vb = tl.load(vbase + off + D // 2, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)
+            sc = tl.sum(q1[:, None, :] * ka[None, :, :], axis=2) + tl.sum(q2[:, None, :] * kb[None, :, :], axis=2)
+            sc = tl.where(tm[None, :], sc, float("-inf"))  # (G, T)
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # finite: every block holds a position
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(sc - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            o = o * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            o1 = o1 * alpha[:, None] + tl.sum(p[:, :, None] * va[None, :, :], axis=1)
+            o2 = o2 * alpha[:, None] + tl.sum(p[:, :, None] * vb[None, :, :], axis=1)
             m_i = m_new
         rec = _ptr(A, OFFS, B_ATT, layer, NL1) + (split * HQ + lo * G + jg) * (D + 2)  # (split, head, [o, m, l])
-        tl.store(rec[:, None] + dd[None, :], o, mask=qm)
+        tl.store(rec[:, None] + i[None, :], o1, mask=qm)
+        tl.store(rec[:, None] + D // 2 + i[None, :], o2, mask=qm)
         tl.store(rec + D, m_i, mask=jg < G)
         tl.store(rec + D + 1, l_i, mask=jg < G)
-    elif kind == 4:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] a, a = the splits' partials combined chunk by chunk
+    elif kind == 2:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] a, a = the splits' partials combined chunk by chunk
         rows = lo + tl.arange(0, BN_O)
         att = _ptr(A, OFFS, B_ATT, layer, NL1)
         wo = _ptr(W, OFFS, B_WO, layer, NL1)
@@ -281,15 +301,30 @@ def _task(
             a = tl.sum(scale * o, axis=0) / tl.sum(scale * ell, axis=0)
             w = tl.load(wo + rows[:, None] * QD + cols[None, :], mask=(rows[:, None] < hi) & cm, other=0.0)
             acc += w.to(tl.float32) * a[None, :]
-        res = _load_x(XIN, A, OFFS, layer, NL1, rows, rows < hi)
+        res = _vec(XIN, A, OFFS, B_X, layer, NL1, rows, rows < hi)
         tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + tl.sum(acc, axis=1), mask=rows < hi)
-    elif kind == 5:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] n2) * (Wu[lo:hi] n2)
+    elif kind == 3:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] m) * (Wu[lo:hi] m), m = h r w_mlp, r = rsqrt(mean(h^2) + eps)
+        r = _rms_scale(XIN, A, OFFS, B_H, layer, NL1, H, eps, BLOCK_H)
+        wg = _ptr(W, OFFS, B_WG, layer, NL1)
+        wu = _ptr(W, OFFS, B_WU, layer, NL1)
+        wn = _ptr(W, OFFS, B_WMN, layer, NL1)
         rows = lo + tl.arange(0, BN_GU)
-        n2 = _ptr(A, OFFS, B_N2, layer, NL1)
-        g = _gemv(_ptr(W, OFFS, B_WG, layer, NL1), n2, lo, hi, H, BN_GU, BK_GU)
-        u = _gemv(_ptr(W, OFFS, B_WU, layer, NL1), n2, lo, hi, H, BN_GU, BK_GU)
-        tl.store(_ptr(A, OFFS, B_ACT, layer, NL1) + rows, g * tl.sigmoid(g) * u, mask=rows < hi)
-    elif kind == 6:  # DOWN: x[l + 1][lo:hi] = h[lo:hi] + Wd[lo:hi] act (the last layer writes the step's output)
+        acc_g = tl.zeros((BN_GU, BK_GU), tl.float32)
+        acc_u = tl.zeros((BN_GU, BK_GU), tl.float32)
+        for k0 in range(0, H, BK_GU):
+            cols = k0 + tl.arange(0, BK_GU)
+            cm = cols < H
+            n = (
+                _vec(XIN, A, OFFS, B_H, layer, NL1, cols, cm)
+                * r
+                * tl.load(wn + cols, mask=cm, other=0.0).to(tl.float32)
+            )
+            wm = (rows[:, None] < hi) & cm[None, :]
+            acc_g += tl.load(wg + rows[:, None] * H + cols[None, :], mask=wm, other=0.0).to(tl.float32) * n[None, :]
+            acc_u += tl.load(wu + rows[:, None] * H + cols[None, :], mask=wm, other=0.0).to(tl.float32) * n[None, :]
+        g = tl.sum(acc_g, axis=1)
+        tl.store(_ptr(A, OFFS, B_ACT, layer, NL1) + rows, g * tl.sigmoid(g) * tl.sum(acc_u, axis=1), mask=rows < hi)
+    elif kind == 4:  # DOWN: x[l + 1][lo:hi] = h[lo:hi] + Wd[lo:hi] act (the last layer writes the step's output)
         rows = lo + tl.arange(0, BN_D)
         acc = _gemv(_ptr(W, OFFS, B_WD, layer, NL1), _ptr(A, OFFS, B_ACT, layer, NL1), lo, hi, INTER, BN_D, BK_D)
         y = tl.load(_ptr(A, OFFS, B_H, layer, NL1) + rows, mask=rows < hi, other=0.0, cache_modifier=".cg") + acc
@@ -303,14 +338,14 @@ def _task(
 def _prefetch_task(kind, layer, lo, hi, W, OFFS, NL1, H, INTER, QD, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr):
     """L2 prefetch of the task's weight rows [lo, hi) (contiguous in the row-major matrices)."""
     es = W.dtype.element_ty.primitive_bitwidth // 8
-    if kind == 1:
+    if kind == 0:
         _prefetch_l2(_ptr(W, OFFS, B_WQKV, layer, NL1) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
-    elif kind == 4:
+    elif kind == 2:
         _prefetch_l2(_ptr(W, OFFS, B_WO, layer, NL1) + lo * QD, (hi - lo) * QD * es, PF_CHUNKS, PF_BYTES)
-    elif kind == 5:
+    elif kind == 3:
         _prefetch_l2(_ptr(W, OFFS, B_WG, layer, NL1) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
         _prefetch_l2(_ptr(W, OFFS, B_WU, layer, NL1) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
-    elif kind == 6:
+    elif kind == 4:
         _prefetch_l2(_ptr(W, OFFS, B_WD, layer, NL1) + lo * INTER, (hi - lo) * INTER * es, PF_CHUNKS, PF_BYTES)
 
 
@@ -392,8 +427,6 @@ def decode_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_D: tl.constexpr,
     BLOCK_DH: tl.constexpr,
     PF_CHUNKS: tl.constexpr,
     PF_BYTES: tl.constexpr,
@@ -423,7 +456,7 @@ def decode_kernel(
             tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
               eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
-              BLOCK_G, BLOCK_R, BLOCK_D, BLOCK_DH)  # fmt: skip
+              BLOCK_G, BLOCK_DH)  # fmt: skip
     else:
         alive = pid * 0 + 1
         for i in range(tl.load(QPTR + pid), tl.load(QPTR + pid + 1)):
@@ -444,7 +477,7 @@ def decode_kernel(
                     tl.debug_barrier()  # no warp reads before every warp has seen the counters
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
                           MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
-                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_R, BLOCK_D, BLOCK_DH)  # fmt: skip
+                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_DH)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     tl.atomic_add(COUNTERS + tl.load(TASKS + t * NF + 7), 1, sem="release", scope="gpu")
 
@@ -544,7 +577,7 @@ class Megakernel:
         self.stages: list[tuple[int, int, int]] = []
         for task in graph.tasks:
             last = self.stages[-1] if self.stages else None
-            if last and last[0] == task.kind and graph.tasks[last[1]].layer == task.layer and task.kind != Kind.NORM:
+            if last and last[0] == task.kind and graph.tasks[last[1]].layer == task.layer:
                 self.stages[-1] = (last[0], last[1], last[2] + 1)
             else:
                 self.stages.append((int(task.kind), task.id, 1))
@@ -578,10 +611,8 @@ class Megakernel:
             BN_D=bn["d"],
             BK_D=bk(bn["d"], c.intermediate),
             BLOCK_S=_pow2(t.kv_splits),
-            BLOCK_T=max(1, min(32, budget // (_pow2(c.group) * _pow2(c.head_dim)))),
+            BLOCK_T=max(1, min(32, budget // (_pow2(c.group) * _pow2(c.head_dim // 2)))),
             BLOCK_G=_pow2(c.group),
-            BLOCK_R=_pow2(c.group + 2),
-            BLOCK_D=_pow2(c.head_dim),
             BLOCK_DH=_pow2(c.head_dim // 2),
             PF_CHUNKS=128,
             PF_BYTES=max(16, -(-max_bytes // 128 // 16) * 16),
