@@ -498,9 +498,10 @@ def test_triton_step_bad_inputs():
 
 
 def test_the_gpu_path_compiles_for_sm90():
-    """Without a GPU: the persistent kernel (debug watchdog and L2 prefetch on) and a staged PDL launch compile for
-    sm_90 through ptxas, with the acquire loads, nanosleep backoff, globaltimer, release signal, bulk L2 prefetch and
-    griddepcontrol in the PTX (a subprocess: the suite's process interprets)."""
+    """Without a GPU: the persistent kernel (debug watchdog and L2 prefetch on), a staged PDL launch, and every body
+    with its int arguments specialized to 1 compile for sm_90 through ptxas, with the acquire loads, nanosleep
+    backoff, globaltimer, release signal, bulk L2 prefetch and griddepcontrol in the PTX (a subprocess: the suite's
+    process interprets)."""
     import json
     import subprocess
     import sys
@@ -511,6 +512,10 @@ from tile_kernels.megakernel.kernel import compile_ahead
 meta = json.loads(sys.argv[1])
 persistent = compile_ahead(meta, DEBUG=True, PREFETCH=True).asm["ptx"]
 staged = compile_ahead(meta, MODE=1, KIND=3, PDL=True, PREFETCH=True).asm["ptx"]
+ones = dict.fromkeys(("epoch", "position", "task0", "NL", "H", "INTER", "HK", "MAXSEQ", "S"), 1)
+for kind in range(5):  # Triton passes an int argument equal to 1 as a constexpr: every body must compile so
+    compile_ahead(meta, MODE=1, KIND=kind, **ones)
+compile_ahead(meta, **ones)
 print(json.dumps([persistent, staged]))
 """
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=256, BN_O=16, BK_O=128, BN_GU=64, BK_GU=64, BN_D=16,

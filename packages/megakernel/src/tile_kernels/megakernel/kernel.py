@@ -241,10 +241,11 @@ def _task(
         vn1 = tl.load(seg + (G + 1) * D + i, mask=im, other=0.0, cache_modifier=".cg").to(KV.dtype.element_ty)
         vn2 = tl.load(seg + (G + 1) * D + D // 2 + i, mask=im, other=0.0, cache_modifier=".cg").to(KV.dtype.element_ty)
         kbase = KV + (layer.to(tl.int64) * 2 * MAXSEQ) * HK * D + lo * D  # (layers, 2, max_seq, HK, D)
-        vbase = kbase + MAXSEQ.to(tl.int64) * HK * D
+        vbase = kbase + MAXSEQ * HK * D  # int32 products: < 2^31 up to max_seq x HK x D = 2^27 (no .to on
+        # scalar arguments: Triton makes an argument equal to 1 a constexpr)
         first = split == 0
         if first:  # the new token's KV row (nobody reads it in this launch: split 0 keeps it in registers)
-            row = position.to(tl.int64) * HK * D
+            row = position * HK * D
             tl.store(kbase + row + i, kn1, mask=im)
             tl.store(kbase + row + D // 2 + i, kn2, mask=im)
             tl.store(vbase + row + i, vn1, mask=im)
