@@ -4,10 +4,13 @@ five ways in one run on one GPU:
     megakernel                   the persistent kernel, one cooperative launch a step (build_decode_step)
     torch eager                  reference.decode_step
     CUDA graph                   reference.decode_step captured in a CUDA graph and replayed
-    per-op, CUDA graph           the megakernel's task bodies launched one op of a layer at a time (8 launches a
+    per-op, CUDA graph           the megakernel's task bodies launched one op of a layer at a time (5 launches a
                                  layer, Megakernel.staged), captured in a CUDA graph
     per-op, CUDA graph + PDL     the same with programmatic dependent launch: each launch prefetches its weights to
                                  L2, then waits for the previous one (griddepcontrol)
+
+and variants of the megakernel (no L2 prefetch, 4 / 16 warps, 4 KV splits) that the first GPU runs learn from. Every
+megakernel's first launch runs under the watchdog and is compared with the eager step (max |error| recorded).
 
 The floor is (every layer's weights + the KV cache rows read at the context) / the measured copy bandwidth. The
 megakernel is timed over back-to-back launches (CUDA events around 20 steps, median of 5): it cannot be replayed from
@@ -71,46 +74,70 @@ def _copy_gbs() -> float:
     return 2 * src.numel() * 2 / us / 1e3
 
 
-def bench_shape(name: str, layers: int | None = None, seed: int = 0) -> dict:
+def bench_shape(shape_name: str, layers: int | None = None, seed: int = 0, device: str = "cuda") -> dict:
+    """Builds the stack with random bf16 weights and times every implementation (recording, not raising, a
+    failure). `device` "cpu" runs the plumbing in Triton's interpreter (tests, with the timers replaced)."""
+    from dataclasses import replace
+
     import torch
 
-    from . import DecoderConfig, build_decode_step, decode_step
-    from .weights import LAYER_WEIGHTS
+    from . import DecoderConfig, build_decode_step, build_graph, decode_step, pack_weights, schedule
+    from .kernel import Megakernel
+    from .weights import LAYER_WEIGHTS, layer_weights
 
-    nl, hidden, heads, kv_heads, head_dim, mlp = SHAPES[name]
+    nl, hidden, heads, kv_heads, head_dim, mlp = SHAPES[shape_name]
     nl = layers or nl
     config = DecoderConfig(nl, hidden, heads, kv_heads, head_dim, mlp, max_seq=CONTEXT, rope_theta=500000.0)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     weights = {}
     for i in range(nl):
         for hf, shape_of in LAYER_WEIGHTS.values():
             shape = shape_of(config)
-            w = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32)
+            w = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
             w = w * 0.3 + 1 if len(shape) == 1 else w * shape[1] ** -0.5
             weights[f"model.layers.{i}.{hf}.weight"] = w.to(torch.bfloat16)
-    cache = (torch.randn(config.kv_cache_shape(), generator=gen, device="cuda") * 0.5).to(torch.bfloat16)
-    x = torch.randn(1, hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    cache = (torch.randn(config.kv_cache_shape(), generator=gen, device=device) * 0.5).to(torch.bfloat16)
+    x = torch.randn(1, hidden, generator=gen, device=device).to(torch.bfloat16)
     position = CONTEXT - 1
     weight_bytes = sum(w.numel() * w.element_size() for w in weights.values())
     kv_bytes = 2 * nl * CONTEXT * kv_heads * head_dim * cache.element_size()
-    # correctness at the benchmark shape, first under the watchdog (a hang becomes an error, not a lost run)
-    checked = build_decode_step(config, weights, context_hint=CONTEXT, debug=True, timeout_s=2.0)
-    eager_out = decode_step(config, weights, x, cache.clone(), position).float()
-    err = {
-        "megakernel": (checked(x, cache.clone(), position).float() - eager_out).abs().max().item(),
-        "per-op": (checked.kernel.staged(x, cache.clone(), position).float() - eager_out).abs().max().item(),
-        "scale": eager_out.abs().max().item(),
-    }
-    print(f"bench megakernel {name}: max |error| vs eager {err}", file=sys.stderr, flush=True)
-    del checked
     step = build_decode_step(config, weights, context_hint=CONTEXT)
     kernel = step.kernel
+    eager_out = decode_step(config, weights, x, cache.clone(), position).float()
+    err = {"scale": eager_out.abs().max().item()}
+
+    def checked(name: str, k):
+        """k's first launch under the watchdog (a hang raises instead of eating the run), its error vs eager."""
+        k.debug, k.meta["DEBUG"], k.timeout_ns = True, True, int(2e9)
+        err[name] = (k(x, cache.clone(), position).float() - eager_out).abs().max().item()
+        k.debug, k.meta["DEBUG"] = False, False
+        print(f"bench megakernel {shape_name}: {name}: max |error| vs eager {err[name]:.3g}", file=sys.stderr)
+        return k
+
+    def variant(**options):
+        """The megakernel with other launch options or tiling, timed over back-to-back launches."""
+        tiling = options.pop("tiling", None)
+        graph, sched = step.graph, step.schedule
+        if tiling is not None:
+            graph = build_graph(config, tiling, CONTEXT)
+            sched = schedule(graph, kernel.grid[0])
+        k = checked(str(options or tiling), Megakernel(graph, sched, packed, device, **options))
+        return _events_us(lambda: k(x, cache, position))
+
+    checked("megakernel", kernel)
+    err["per-op"] = (kernel.staged(x, cache.clone(), position).float() - eager_out).abs().max().item()
+    packed = pack_weights(config, layer_weights(config, weights))
     impls = {
         "megakernel": lambda: _events_us(lambda: step(x, cache, position)),
         "torch eager": lambda: _events_us(lambda: decode_step(config, weights, x, cache, position), steps=5),
         "CUDA graph": lambda: _graph_us(lambda: decode_step(config, weights, x, cache, position)),
         "per-op, CUDA graph": lambda: _graph_us(lambda: kernel.staged(x, cache, position)),
         "per-op, CUDA graph + PDL": lambda: _graph_us(lambda: kernel.staged(x, cache, position, pdl=True)),
+        # what the first GPU runs should learn: the prefetch's worth, warps per CTA, attention splits
+        "megakernel, no L2 prefetch": lambda: variant(prefetch=False),
+        "megakernel, 4 warps": lambda: variant(num_warps=4),
+        "megakernel, 16 warps": lambda: variant(num_warps=16),
+        "megakernel, 4 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=4)),
     }
     times, notes = {}, {}
     for impl, timer in impls.items():
@@ -118,10 +145,12 @@ def bench_shape(name: str, layers: int | None = None, seed: int = 0) -> dict:
             times[impl] = timer()
         except Exception as e:  # noqa: BLE001 - recorded with the reason, never dropped silently
             times[impl], notes[impl] = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        torch.cuda.synchronize()
-        print(f"bench megakernel {name}: {impl}: {times[impl]} us {notes.get(impl, '')}", file=sys.stderr, flush=True)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        line = f"bench megakernel {shape_name}: {impl}: {times[impl]} us {notes.get(impl, '')}"
+        print(line, file=sys.stderr, flush=True)
     return {
-        "shape": name,
+        "shape": shape_name,
         "config": {k: v for k, v in config.__dict__.items() if k != "rope_scaling"},
         "context": CONTEXT,
         "grid": kernel.grid[0],

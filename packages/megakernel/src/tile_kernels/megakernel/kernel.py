@@ -387,7 +387,7 @@ def _wait(ptr, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET: tl.conste
     return alive
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch", "position", "task0"])  # one compile for every step
 def decode_kernel(
     W,
     A,
@@ -452,7 +452,7 @@ def decode_kernel(
         split = tl.load(TASKS + t * NF + 4)
         if PREFETCH:
             _prefetch_task(KIND, layer, lo, hi, W, OFFS, NL1, H, INTER, QD, PF_CHUNKS, PF_BYTES)
-        if PDL:
+        if PDL and not INTERPRET:  # (the interpreter runs launches one after another anyway)
             tl.extra.cuda.gdc_wait()  # the previous launch has finished and its writes are visible
             tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
