@@ -615,8 +615,8 @@ class Megakernel:
             BLOCK_T=max(1, min(32, budget // (_pow2(c.group) * _pow2(c.head_dim // 2)))),
             BLOCK_G=_pow2(c.group),
             BLOCK_DH=_pow2(c.head_dim // 2),
-            PF_CHUNKS=128,
-            PF_BYTES=max(16, -(-max_bytes // 128 // 16) * 16),
+            PF_CHUNKS=32 * num_warps,  # one chunk a thread
+            PF_BYTES=max(16, -(-max_bytes // (32 * num_warps * 16)) * 16),
             INTERPRET=self.interpret,
             DEBUG=bool(debug),
             PREFETCH=self.prefetch,
