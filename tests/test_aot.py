@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from subprocesses import run_python
 
-from tile_kernels.core import REGISTRY, aot
+from tile_kernels.core import REGISTRY, aot, backends
 
 
 def _python(*args: str):
@@ -96,7 +96,7 @@ def test_tilelang_kernels_join_the_matrix_for_their_targets():
         tilelang = [c for c in aot.configs(aot.TARGETS[name], ["rms_norm"]) if isinstance(c, aot.TileLangConfig)]
         expected = 15 if name in aot.TILELANG_TARGETS else 0  # 4 kernels + the column sum, 3 dtypes
         assert len(tilelang) == expected, name
-    names = {c.kernel_name for c in aot.tilelang_configs(aot.TARGETS["hip:gfx942"])}
+    names = {c.kernel_name for c in aot.tilelang_configs(aot.TARGETS["hip:gfx942"], ["rms_norm"])}
     assert names == {"rms_norm_fwd", "rms_norm_fwd_residual", "rms_norm_bwd", "rms_norm_bwd_dh", "rms_norm_colsum"}
 
 
@@ -107,3 +107,47 @@ def test_a_broken_tilelang_kernel_fails_naming_kernel_config_and_target():
         with pytest.raises(aot.AotError, match=rf"{target}: rms_norm/rms_norm_bwd\[tilelang; x=not_a_dtype, "
                            r"weight=float32\] failed to lower"):  # fmt: skip
             aot.compile_config(broken, aot.TARGETS[target])
+
+
+@needs_tilelang
+def test_tilelang_flash_attention_joins_the_matrix_in_half_precision():
+    """Its TileLang forward: 3 head-dim buckets x (padded or not) x softcap, plus the no-keys kernel, in float16 and
+    bfloat16 (no float32 kernel: the backend refuses float32), for each TileLang target."""
+    for name in aot.TARGETS:
+        cfgs = [c for c in aot.configs(aot.TARGETS[name], ["flash_attention"]) if isinstance(c, aot.TileLangConfig)]
+        assert len(cfgs) == (26 if name in aot.TILELANG_TARGETS else 0), name
+        assert {c.x_dtype for c in cfgs} <= {"float16", "bfloat16"}
+
+
+# what each target's build of the bf16 head-dim-128 forward must (and must not) contain: Hopper's TMA loads / stores,
+# wgmma and the producer / consumer register split of warp specialization on sm_90a only; cp.async + mma.sync on
+# sm_80; MFMA on gfx942
+_HOPPER = ("tl::tma_load(", "tl::tma_store(", "wgmma_ss<", "wgmma_rs<", "warpgroup_reg_alloc", "warpgroup_reg_dealloc")
+_EXPECTED = {
+    "cuda:90": (_HOPPER, ()),
+    "cuda:80": (("cp_async_gs", "mma_sync"), _HOPPER),
+    "hip:gfx942": (("mfma",), _HOPPER),
+}
+
+
+def _built(target: str) -> bool:
+    """Whether the matrix builds (nvcc) rather than only lowers the target's TileLang kernels."""
+    return aot.TILELANG_TARGETS[target][1]
+
+
+@needs_tilelang
+@pytest.mark.parametrize("target", list(aot.TILELANG_TARGETS))
+def test_tilelang_flash_attention_builds_with_hopper_paths_only_on_sm90a(target):
+    """The representative forward (bf16, head dim 128, no softcap) through the matrix's own step: lowered and built
+    with nvcc for sm_90a / sm_80, lowered for gfx942; the padded-head-dim kernel (TMA off) lowers too."""
+    cfg = aot.TileLangConfig("flash_attention", "flash_fwd_d128", "bfloat16", "bfloat16")
+    if _built(target) and backends.find_cuda_home() is None:
+        pytest.skip("no CUDA toolkit (nvcc)")
+    compiled = aot.compile_config(cfg, aot.TARGETS[target])
+    source = compiled.get_kernel_source() if _built(target) else compiled.kernel_source
+    present, absent = _EXPECTED[target]
+    assert [w for w in present if w not in source] == [], target
+    assert [w for w in absent if w in source] == [], target
+    lower = backends.module("flash_attention", "tilelang").lower
+    source = lower("flash_fwd_d64_pad_softcap", "float16", "float16", aot.TILELANG_TARGETS[target][0]).kernel_source
+    assert "tl::tma_load(" not in source and "tanh" not in source  # no TMA; the softcap's tanh from exp2

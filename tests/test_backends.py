@@ -272,6 +272,12 @@ def test_flash_attention_has_a_tilelang_forward_and_defaults_to_triton():
         assert backends.resolve("flash_attention", None, platform) == "triton"
 
 
+def test_the_bench_times_flash_attentions_tilelang_forward_beside_the_default():
+    from tile_kernels.core.bench import other_backends
+
+    assert list(other_backends("flash_attention", lambda **kwargs: None, "cuda")) == ["tile-kernels[tilelang]"]
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU error path")
 @pytest.mark.parametrize("framework", sorted(DRIVERS))
 def test_flash_attention_tilelang_raises_a_clear_error_on_cpu(framework):

@@ -3,7 +3,7 @@
 One program per (BLOCK_M queries, query head, batch entry); query head h reads key/value head h // (Hq / Hk). The
 query tile stays in shared memory; the key/value tiles of the block's visible band stream through a T.Pipelined
 loop of `stages` buffers. Per key block, in base-2 units (c = log2(e)):
-    s = scale * c * q.k^T            (softcap: s = softcap * c * tanh(scale * q.k^T / softcap))
+    s = scale * c * q.k^T            (softcap: s = softcap * c * tanh(scale * q.k^T / softcap), tanh from exp2)
     s = -inf where key j is invisible to query i (only on blocks the band does not cover entirely, a runtime test)
     m' = max(m, rowmax(s)),  p = exp2(s - m'),  l = l * exp2(m - m') + rowsum(p),  acc = acc * exp2(m - m') + p V
 then out = acc / l (0 where l = 0) and lse = m + log2(l) (+inf where l = 0): exactly the (out, lse) of the Triton
@@ -30,6 +30,10 @@ LOG2E = 1.4426950408889634
 DTYPES = ("float16", "bfloat16")
 HEAD_DIMS = (64, 128, 256)  # the buckets; smaller head dims pad up to the next one
 _LOCK = threading.Lock()  # TileLang's compiler is not re-entrant
+# nvcc --use_fast_math: exp2 / log2 as single MUFU instructions (ex2 / lg2.approx, relative error ~2^-22; exp2(-inf)
+# is still 0), approximate divisions. It would also turn tanhf into tanh.approx (error ~2^-11, times softcap * log2(e)
+# in the exponent): the softcap's tanh is written with exp2 instead.
+FAST_MATH = {"tl.enable_fast_math": True}
 
 # (BLOCK_M, BLOCK_N, stages, threads) per architecture family and head-dim bucket. sm_90a: 128 x 128 tiles, two
 # consumer warp groups (TileLang adds the producer); the 256 bucket halves BLOCK_N to fit 227 KiB of shared memory
@@ -37,7 +41,7 @@ _LOCK = threading.Lock()  # TileLang's compiler is not re-entrant
 CONFIGS = {
     "sm90": {64: (128, 128, 2, 256), 128: (128, 128, 2, 256), 256: (128, 64, 2, 256)},
     "sm80": {64: (128, 64, 2, 128), 128: (128, 64, 2, 128), 256: (64, 32, 2, 128)},
-    "hip": {64: (64, 64, 1, 256), 128: (64, 32, 1, 256), 256: (32, 32, 1, 256)},
+    "hip": {64: (64, 64, 1, 256), 128: (64, 32, 1, 256), 256: (32, 32, 1, 128)},
 }
 
 
@@ -161,7 +165,9 @@ def prim_func(kernel: str, dtype: str, tilelang_target: dict):
                 T.gemm(q_tile, k_tile, s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 for i, j in T.Parallel(block_m, block_n):
                     if has_softcap:
-                        s[i, j] = T.tanh(s[i, j] * (scale / softcap)) * (softcap * LOG2E)
+                        # softcap * tanh(x) = softcap - 2 softcap / (exp(2x) + 1): saturates to +-softcap
+                        t = T.exp2(s[i, j] * (scale / softcap * 2 * LOG2E))
+                        s[i, j] = (softcap * LOG2E) - (2 * softcap * LOG2E) / (t + 1)
                     else:
                         s[i, j] = s[i, j] * (scale * LOG2E)
                 if n0 < full_lo or n0 + block_n > full_hi:
@@ -221,7 +227,7 @@ def build(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
 
     with _LOCK, tvm.target.Target(tilelang_target):
         func = prim_func(kernel, dtype, tilelang_target)
-        return tilelang.compile(func, target=tilelang_target, execution_backend="tvm_ffi")
+        return tilelang.compile(func, target=tilelang_target, execution_backend="tvm_ffi", pass_configs=FAST_MATH)
 
 
 @functools.cache
