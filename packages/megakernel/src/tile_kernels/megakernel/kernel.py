@@ -47,10 +47,12 @@ Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and K
          cache dtype, as the eager step re-reads it), then every split streams its BLOCK_T-position blocks of the
          cached rows 0..position-1 and writes its (o, m, l) partial into `att`; an empty split writes -inf, 0, 0.
 
-Watchdog (debug=True). Each spin reads `%globaltimer` and, past `timeout_s`, records (program, task id, counter, value
-seen, expected) with a compare-and-swap on an error record whose flag every other spinning CTA also polls (abort),
-and leaves its queue. The host synchronizes after the launch, finds the record set, zeroes the counters (epoch 0) and
-raises a RuntimeError naming the stuck task and counter with the labels of graph.tasks / graph.counters.
+Watchdog (debug=True). Each spin reads `%globaltimer` and the error record's flag; a thread leaves on the target, its
+timeout (`timeout_s`) or the flag, then one thread's acquire RMW of the counter, broadcast to the CTA, decides
+uniformly (no barrier under divergent control flow): still short, the program records (program, task id, counter,
+value seen, expected) with a compare-and-swap on the record (first one wins; its flag aborts every other spinning
+program) and leaves its queue. The host synchronizes after the launch, finds the record set, zeroes the counters
+(epoch 0) and raises a RuntimeError naming the stuck task and counter with the labels of graph.tasks / graph.counters.
 
 Interpreter (TRITON_INTERPRET=1, CPU tensors). Programs run one after another, so the launcher gives one program
 (grid=(1,)) one queue holding every task in a legal interleaving of the schedule's queues (check.run_queues); each
@@ -363,7 +365,12 @@ def _report(ERR, pid, t, cid, v, target):
 
 @triton.jit
 def _wait(ptr, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET: tl.constexpr, DEBUG: tl.constexpr):
-    """Returns alive (1) once counter *ptr >= target, or 0 when the step aborts (debug watchdog / interpreter)."""
+    """Returns alive once counter *ptr >= target, or alive * 0 when the step aborts (watchdog / interpreter).
+
+    On the GPU every thread spins on its own acquire loads (no barrier in the loop), so threads leave at different
+    moments; without the watchdog each leaves only once it has seen the target (monotonic counters), a uniform
+    outcome. With it a thread may also leave on its timeout or the abort flag, so one thread's acquire RMW, broadcast
+    to the CTA (Triton's scalar atomics), decides uniformly whether the task runs or the program aborts."""
     if INTERPRET:  # programs run one after another: a wait not met now never will be
         v = tl.load(ptr)
         if v < target:
@@ -374,16 +381,21 @@ def _wait(ptr, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET: tl.conste
         ns = pid * 0 + 32
         if DEBUG:
             start = _globaltimer()
-        while (v < target) & (alive != 0):
-            _nanosleep(ns)
-            ns = tl.minimum(ns * 2, 256)
-            v = _ld_acquire(ptr)
-            if DEBUG:
-                if _ld_acquire(ERR) != 0:  # another program's watchdog fired
-                    alive = alive * 0
-                elif _globaltimer() - start > timeout_ns:
-                    _report(ERR, pid, t, cid, v, target)
-                    alive = alive * 0
+            go = v < target
+            while go:
+                _nanosleep(ns)
+                ns = tl.minimum(ns * 2, 256)
+                v = _ld_acquire(ptr)
+                go = (v < target) & (_ld_acquire(ERR) == 0) & (_globaltimer() - start <= timeout_ns)
+            v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+            if v < target:  # timed out here, or another program's watchdog fired
+                _report(ERR, pid, t, cid, v, target)
+                alive = alive * 0
+        else:
+            while v < target:
+                _nanosleep(ns)
+                ns = tl.minimum(ns * 2, 256)
+                v = _ld_acquire(ptr)
     return alive
 
 
@@ -471,9 +483,10 @@ def decode_kernel(
                 if PREFETCH:  # weights never wait: start streaming them to L2 before spinning
                     _prefetch_task(kind, layer, lo, hi, W, OFFS, NL1, H, INTER, QD, PF_CHUNKS, PF_BYTES)
                 for w in range(tl.load(TASKS + t * NF + 5), tl.load(TASKS + t * NF + 6)):
-                    cid = tl.load(WAITS + 2 * w)
-                    target = tl.load(WAITS + 2 * w + 1) * epoch
-                    alive = _wait(COUNTERS + cid, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET, DEBUG)
+                    if alive != 0:
+                        cid = tl.load(WAITS + 2 * w)
+                        target = tl.load(WAITS + 2 * w + 1) * epoch
+                        alive = _wait(COUNTERS + cid, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET, DEBUG)
                 if alive != 0:
                     tl.debug_barrier()  # no warp reads before every warp has seen the counters
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
