@@ -539,10 +539,17 @@ gpu = pytest.mark.skipif(CPU, reason="needs TILE_KERNELS_TEST_DEVICE=gpu (a CUDA
 
 
 def bf16_problem(config, seed, device="cuda"):
-    weights = {k: v.to(device, torch.bfloat16) for k, v in random_weights(config, seed, torch.float32).items()}
-    gen = torch.Generator().manual_seed(seed)
-    cache = (torch.randn(config.kv_cache_shape(), generator=gen) * 0.5).to(device, torch.bfloat16)
-    x = torch.randn(1, config.hidden, generator=gen).to(device, torch.bfloat16)
+    """Random bf16 weights (drawn on the device: the 1B stack is ~1e9 numbers), a prefilled cache and a hidden."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    weights = {}
+    for i in range(config.num_layers):
+        for hf, shape_of in LAYER_WEIGHTS.values():
+            shape = shape_of(config)
+            w = torch.randn(shape, generator=gen, device=device)
+            w = w * 0.3 + 1 if len(shape) == 1 else w * shape[1] ** -0.5
+            weights[f"model.layers.{i}.{hf}.weight"] = w.to(torch.bfloat16)
+    cache = (torch.randn(config.kv_cache_shape(), generator=gen, device=device) * 0.5).to(torch.bfloat16)
+    x = torch.randn(1, config.hidden, generator=gen, device=device).to(torch.bfloat16)
     return weights, cache, x
 
 
