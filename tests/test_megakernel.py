@@ -529,6 +529,8 @@ print(json.dumps([persistent, staged]))
     for needle in ("ld.acquire.gpu.global.b32", "nanosleep.u32", "%globaltimer", "red.global.gpu.release.add",
                    "cp.async.bulk.prefetch.L2.global"):  # fmt: skip
         assert needle in persistent, needle
+    # the weight tiles load as 16-byte vectors (a 2-byte load an element would cut the bandwidth several times)
+    assert "ld.global.v4.b32" in persistent and persistent.count("ld.global.b16") < 8
     assert "griddepcontrol.wait" in staged and "griddepcontrol.launch_dependents" in staged
     assert "cp.async.bulk.prefetch.L2.global" in staged and "ld.acquire" not in staged
 
