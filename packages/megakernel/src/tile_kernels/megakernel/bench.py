@@ -9,8 +9,9 @@ five ways in one run on one GPU:
     per-op, CUDA graph + PDL     the same with programmatic dependent launch: each launch prefetches its weights to
                                  L2, then waits for the previous one (griddepcontrol)
 
-and variants of the megakernel (no L2 prefetch, 4 / 16 warps, 4 KV splits, 4x O-projection rows) that the first GPU runs learn from. Every
-megakernel's first launch runs under the watchdog and is compared with the eager step (max |error| recorded).
+and variants of the megakernel (no L2 prefetch, 4 / 16 warps, 4 KV splits, 4x O-projection rows) that the first GPU
+runs learn from. Every megakernel's first launch runs under the watchdog and is compared with the eager step (max
+|error| recorded).
 
 The floor is (every layer's weights + the KV cache rows read at the context) / the measured copy bandwidth. The
 megakernel is timed over back-to-back launches (CUDA events around 20 steps, median of 5): it cannot be replayed from
