@@ -82,7 +82,7 @@ def bench_shape(shape_name: str, layers: int | None = None, seed: int = 0, devic
 
     import torch
 
-    from . import DecoderConfig, build_decode_step, build_graph, decode_step, pack_weights, schedule
+    from . import DecoderConfig, build_decode_step, build_graph, check_schedule, decode_step, pack_weights, schedule
     from .kernel import Megakernel
     from .weights import LAYER_WEIGHTS, layer_weights
 
@@ -122,6 +122,7 @@ def bench_shape(shape_name: str, layers: int | None = None, seed: int = 0, devic
         if tiling is not None:
             graph = build_graph(config, tiling, CONTEXT)
             sched = schedule(graph, kernel.grid[0])
+            check_schedule(graph, sched)
         k = checked(str(options or tiling), Megakernel(graph, sched, packed, device, **options))
         return _events_us(lambda: k(x, cache, position))
 
