@@ -527,7 +527,7 @@ print(json.dumps([persistent, staged]))
     assert run.returncode == 0, run.stderr[-3000:]
     persistent, staged = json.loads(run.stdout.splitlines()[-1])
     for needle in ("ld.acquire.gpu.global.b32", "nanosleep.u32", "%globaltimer", "red.global.gpu.release.add",
-                   "cp.async.bulk.prefetch.L2.global"):  # fmt: skip
+                   "cp.async.bulk.prefetch.L2.global", "prefetch.global.L2::evict_last"):  # fmt: skip
         assert needle in persistent, needle
     # the weight tiles load as 16-byte vectors (a 2-byte load an element would cut the bandwidth several times)
     assert "ld.global.v4.b32" in persistent and persistent.count("ld.global.b16") < 8

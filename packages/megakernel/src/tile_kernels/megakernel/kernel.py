@@ -168,6 +168,35 @@ def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _split_range(position, S, split):
+    """Positions [a, e) of split `split`: the cached positions 0..position-1 cut in S ranges of ceil(position / S)."""
+    chunk = (position + S - 1) // S
+    a = tl.minimum(position, split * chunk)
+    return a, tl.minimum(position, a + chunk)
+
+
+@triton.jit
+def _kv_bases(KV, layer, g, MAXSEQ, HK, D: tl.constexpr):
+    """K and V of group g, position 0, in the cache (layers, 2, max_seq, HK, D); the int32 products stay < 2^31 up to
+    max_seq x HK x D = 2^27 (no .to() on scalar arguments: Triton makes an argument equal to 1 a constexpr)."""
+    kbase = KV + (layer.to(tl.int64) * 2 * MAXSEQ) * HK * D + g * D
+    return kbase, kbase + MAXSEQ * HK * D
+
+
+@triton.jit
+def _prefetch_lines(ptrs, mask):
+    """prefetch.global.L2 of the lines holding ptrs where mask."""
+    tl.inline_asm_elementwise(
+        "{\n.reg .pred p;\nsetp.ne.s32 p, $2, 0;\n@p prefetch.global.L2::evict_last [$1];\nmov.u32 $0, 0;\n}",
+        "=r,l,r",
+        [ptrs, mask.to(tl.int32)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
 def _task(
     kind,
     layer,
@@ -245,9 +274,7 @@ def _task(
         kn2 = (k2 * c + k1 * s).to(KV.dtype.element_ty)
         vn1 = tl.load(seg + (G + 1) * D + i, mask=im, other=0.0, cache_modifier=".cg").to(KV.dtype.element_ty)
         vn2 = tl.load(seg + (G + 1) * D + D // 2 + i, mask=im, other=0.0, cache_modifier=".cg").to(KV.dtype.element_ty)
-        kbase = KV + (layer.to(tl.int64) * 2 * MAXSEQ) * HK * D + lo * D  # (layers, 2, max_seq, HK, D)
-        vbase = kbase + MAXSEQ * HK * D  # int32 products: < 2^31 up to max_seq x HK x D = 2^27 (no .to on
-        # scalar arguments: Triton makes an argument equal to 1 a constexpr)
+        kbase, vbase = _kv_bases(KV, layer, lo, MAXSEQ, HK, D)
         first = split == 0
         if first:  # the new token's KV row (nobody reads it in this launch: split 0 keeps it in registers)
             row = position * HK * D
@@ -262,9 +289,7 @@ def _task(
         zero = tl.zeros((BLOCK_G, BLOCK_DH), tl.float32)
         o1 = tl.where(first, vn1.to(tl.float32)[None, :] + zero, zero)
         o2 = tl.where(first, vn2.to(tl.float32)[None, :] + zero, zero)
-        chunk = (position + S - 1) // S  # cached positions 0..position-1 split in S ranges
-        a = tl.minimum(position, split * chunk)
-        e = tl.minimum(position, a + chunk)
+        a, e = _split_range(position, S, split)
         for t0 in range(a, e, BLOCK_T):
             tt = t0 + tl.arange(0, BLOCK_T)
             tm = tt < e
@@ -341,10 +366,20 @@ def _task(
 
 
 @triton.jit
-def _prefetch_task(kind, layer, lo, hi, W, OFFS, NL1, H, INTER, QD, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr):
-    """L2 prefetch of the task's weight rows [lo, hi) (contiguous in the row-major matrices)."""
+def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, INTER, QD, HK, MAXSEQ, S,
+                   D: tl.constexpr, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr):  # fmt: skip
+    """L2 prefetch of what the task reads from HBM and no task writes: its weight rows [lo, hi) (contiguous in the
+    row-major matrices, bulk prefetches), or for ATTN its split's cached K and V rows (a line prefetch each half)."""
     es = W.dtype.element_ty.primitive_bitwidth // 8
-    if kind == 0:
+    if kind == 1:
+        a, e = _split_range(position, S, split)
+        kbase, vbase = _kv_bases(KV, layer, lo, MAXSEQ, HK, D)
+        for p0 in range(a, e, PF_CHUNKS):
+            p = p0 + tl.arange(0, PF_CHUNKS)
+            for half in tl.static_range(2):
+                _prefetch_lines(kbase + p * (HK * D) + half * (D // 2), p < e)
+                _prefetch_lines(vbase + p * (HK * D) + half * (D // 2), p < e)
+    elif kind == 0:
         _prefetch_l2(_ptr(W, OFFS, B_WQKV, layer, NL1) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
     elif kind == 2:
         _prefetch_l2(_ptr(W, OFFS, B_WO, layer, NL1) + lo * QD, (hi - lo) * QD * es, PF_CHUNKS, PF_BYTES)
@@ -466,7 +501,8 @@ def decode_kernel(
         hi = tl.load(TASKS + t * NF + 3)
         split = tl.load(TASKS + t * NF + 4)
         if PREFETCH:
-            _prefetch_task(KIND, layer, lo, hi, W, OFFS, NL1, H, INTER, QD, PF_CHUNKS, PF_BYTES)
+            _prefetch_task(KIND, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, INTER, QD, HK, MAXSEQ, S, D,
+                           PF_CHUNKS, PF_BYTES)  # fmt: skip
         if PDL and not INTERPRET:  # (the interpreter runs launches one after another anyway)
             tl.extra.cuda.gdc_wait()  # the previous launch has finished and its writes are visible
             tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
@@ -484,7 +520,8 @@ def decode_kernel(
                 hi = tl.load(TASKS + t * NF + 3)
                 split = tl.load(TASKS + t * NF + 4)
                 if PREFETCH:  # weights never wait: start streaming them to L2 before spinning
-                    _prefetch_task(kind, layer, lo, hi, W, OFFS, NL1, H, INTER, QD, PF_CHUNKS, PF_BYTES)
+                    _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, INTER, QD, HK, MAXSEQ,
+                                   S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
                 for w in range(tl.load(TASKS + t * NF + 5), tl.load(TASKS + t * NF + 6)):
                     if alive != 0:
                         cid = tl.load(WAITS + 2 * w)
