@@ -105,6 +105,7 @@ REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cros
 def _pallas(op: str):
     """Pallas' GPU op for `op` with our argument names (3-D inputs, a bias argument), or None."""
     try:
+        from jax.experimental.pallas.ops.gpu import attention as pl_attention
         from jax.experimental.pallas.ops.gpu import layer_norm as pl_layer
         from jax.experimental.pallas.ops.gpu import rms_norm as pl_rms
         from jax.experimental.pallas.ops.gpu import softmax as pl_softmax
@@ -117,7 +118,14 @@ def _pallas(op: str):
         y = kernel(h.reshape((1,) + h.shape), weight, b, eps=eps).reshape(h.shape)
         return y if residual is None else (y, h)
 
+    def attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0):  # (B, S, H, D) too
+        if softcap or tuple(window) != (-1, -1) or q.shape[1:3] != k.shape[1:3]:
+            raise NotImplementedError("Pallas' mha: no window, softcap, GQA or Sq != Sk")
+        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+        return pl_attention.mha(q, k, v, None, sm_scale=scale, causal=causal)
+
     return {
+        "flash_attention": attention,
         "rms_norm": lambda x, weight, eps=1e-6, residual=None: norm(pl_rms.rms_norm, x, weight, None, eps, residual),
         "layer_norm": lambda x, weight, bias=None, eps=1e-5, residual=None: norm(pl_layer.layer_norm, x, weight, bias,
                                                                                  eps, residual),

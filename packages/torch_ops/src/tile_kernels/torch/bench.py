@@ -91,6 +91,20 @@ EAGER = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_en
                                   fused_linear_cross_entropy, flash_attention)}  # fmt: skip
 
 
+def _sdpa(backend: str):
+    """flash_attention through one of SDPA's backends (CUDNN_ATTENTION, FLASH_ATTENTION): the anchors of the
+    attention benchmark. They lack windows and softcap; causal with Sq != Sk would be top-left aligned."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0):
+        if softcap or tuple(window) != (-1, -1) or (causal and q.shape[1] != k.shape[1]):
+            raise NotImplementedError(f"SDPA's {backend}: no window, softcap or bottom-right causal")
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            return flash_attention(q, k, v, causal, window, softmax_scale, softcap)
+
+    return attention
+
+
 def _liger(op: str):
     """Liger-Kernel's function for `op` with our argument names, or None where it has none."""
     try:
@@ -225,6 +239,8 @@ class Provider:
         if op in EAGER:
             impls["torch.compile"] = torch.compile(EAGER[op], dynamic=False)
         impls["liger"] = _liger(op)
+        if op == "flash_attention":
+            impls |= {"sdpa cudnn": _sdpa("CUDNN_ATTENTION"), "sdpa flash": _sdpa("FLASH_ATTENTION")}
         return impls
 
     def measure(self, case: Case, only=None) -> list[Timing]:
