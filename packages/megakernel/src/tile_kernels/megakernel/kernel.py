@@ -705,11 +705,16 @@ class Megakernel:
             extra["launch_cooperative_grid"] = True  # an over-sized grid fails at launch instead of hanging
         if pdl:
             extra["launch_pdl"] = True
-        decode_kernel[grid](
-            self.W, self.A, kv_cache, x, out, self.offs, self.rope, self.tasks, self.waits, self.queue_ptr,
-            self.queue_tasks, self.counters, self.err, epoch, position, task0, *self.scalars, self.timeout_ns,
-            MODE=mode, KIND=kind, PDL=pdl, **self.meta, **extra,
-        )  # fmt: skip
+        import contextlib
+
+        import torch
+
+        with contextlib.nullcontext() if self.interpret else torch.cuda.device(self.device):  # its stream
+            decode_kernel[grid](
+                self.W, self.A, kv_cache, x, out, self.offs, self.rope, self.tasks, self.waits, self.queue_ptr,
+                self.queue_tasks, self.counters, self.err, epoch, position, task0, *self.scalars, self.timeout_ns,
+                MODE=mode, KIND=kind, PDL=pdl, **self.meta, **extra,
+            )  # fmt: skip
 
     def __call__(self, hidden, kv_cache, position: int):
         """One decode step in one launch: writes kv_cache[:, :, position] in place, returns the new hidden."""
