@@ -584,6 +584,12 @@ class Megakernel:
                 f"megakernel: tensors on {self.device} need TRITON_INTERPRET "
                 + ("=1 set before importing triton (CPU: Triton's interpreter)" if self.interpret else "unset (GPU)")
             )
+        if not self.interpret and (torch.version.hip or torch.cuda.get_device_capability(self.device) < (7, 0)):
+            raise RuntimeError(
+                "megakernel: the persistent kernel's waits are NVIDIA PTX (acquire loads, nanosleep: sm_70+; the bulk "
+                f"L2 prefetch sm_90+), got {torch.cuda.get_device_name(self.device)}"
+                + (" (ROCm)" if torch.version.hip else "")
+            )
         if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"megakernel: timeout_s must be a number > 0, got {timeout_s!r}")
         weights = [packed[f"{b}[{layer}]"] for b in WEIGHTS for layer in range(c.num_layers)]
