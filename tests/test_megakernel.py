@@ -518,7 +518,7 @@ for kind in range(5):  # Triton passes an int argument equal to 1 as a constexpr
 compile_ahead(meta, **ones)
 print(json.dumps([persistent, staged]))
 """
-    meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=256, BN_O=16, BK_O=128, BN_GU=64, BK_GU=64, BN_D=16,
+    meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=256, BN_O=16, HPC_O=8, BN_GU=64, BK_GU=64, BN_D=16,
                 BK_D=512, BLOCK_S=16, BLOCK_T=32, BLOCK_G=4, BLOCK_DH=32, PF_CHUNKS=128,
                 PF_BYTES=4096, INTERPRET=False, DEBUG=False, PREFETCH=True)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

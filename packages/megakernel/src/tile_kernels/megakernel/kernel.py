@@ -38,8 +38,9 @@ Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and K
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in BK chunks into a (BN, BK)
          fp32 accumulator reduced once after the loop. QKV and GATEUP normalize their input on the fly (r = rsqrt(
          mean(v^2) + eps) from one pass over the hidden vector, then each chunk times r and the norm weight: no NORM
-         task, no hop); OPROJ combines the attention partials of all splits chunk by chunk of its K (a = sum_s
-         e^(m_s - M) o_s / sum_s e^(m_s - M) l_s; every OPROJ task recomputes it from L2, S x Hq x (D + 2) floats);
+         task, no hop); OPROJ combines the attention partials of all splits HPC_O heads at a time along its K (a =
+         sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, one exp a split and head; every OPROJ task recomputes it from
+         L2: S x Hq x (D + 2) floats, which bigger O tiles or fewer KV splits make cheaper);
          DOWN and OPROJ add the residual rows; GATEUP streams its two matrices in one loop.
   ATTN   group g, split s: rotates the group's q heads and k_g (the two rotary halves kept apart, cos/sin read from a
          (max_seq, D/2) table computed in float64 at build: fp32 angles lose ~1e-2 rad at position 1e5); split 0
@@ -225,7 +226,7 @@ def _task(
     BN_QKV: tl.constexpr,
     BK_QKV: tl.constexpr,
     BN_O: tl.constexpr,
-    BK_O: tl.constexpr,
+    HPC_O: tl.constexpr,
     BN_GU: tl.constexpr,
     BK_GU: tl.constexpr,
     BN_D: tl.constexpr,
@@ -313,27 +314,31 @@ def _task(
         tl.store(rec[:, None] + D // 2 + i[None, :], o2, mask=qm)
         tl.store(rec + D, m_i, mask=jg < G)
         tl.store(rec + D + 1, l_i, mask=jg < G)
-    elif kind == 2:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] a, a = the splits' partials combined chunk by chunk
-        rows = lo + tl.arange(0, BN_O)
+    elif kind == 2:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] a, a = the splits' partials combined HPC_O heads at a time
+        rows = lo + tl.arange(0, BN_O)[:, None, None]
         att = _ptr(A, OFFS, B_ATT, layer, NL1)
         wo = _ptr(W, OFFS, B_WO, layer, NL1)
         sp = tl.arange(0, BLOCK_S)[:, None]
-        acc = tl.zeros((BN_O, BK_O), tl.float32)
-        for k0 in range(0, QD, BK_O):
-            cols = k0 + tl.arange(0, BK_O)  # = head * D + d
-            cm = (cols < QD)[None, :]
-            rec = att + (sp * HQ + cols[None, :] // D) * (D + 2)
-            sm = (sp < S) & cm
-            # a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s; padded splits m = -inf, padded columns m 0, l 1, o 0
-            m = tl.where(cm, tl.load(rec + D, mask=sm, other=float("-inf"), cache_modifier=".cg"), 0.0)
-            ell = tl.where(cm, tl.load(rec + D + 1, mask=sm, other=0.0, cache_modifier=".cg"), 1.0)
-            o = tl.load(rec + cols[None, :] % D, mask=sm, other=0.0, cache_modifier=".cg")
+        d = tl.arange(0, 2 * BLOCK_DH)[None, None, :]
+        acc = tl.zeros((BN_O, HPC_O, 2 * BLOCK_DH), tl.float32)
+        for h0 in range(0, HQ, HPC_O):
+            head = h0 + tl.arange(0, HPC_O)
+            hm = (head < HQ)[None, :]
+            rec = att + (sp * HQ + head[None, :]) * (D + 2)  # (S, heads)
+            sm = (sp < S) & hm
+            # a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, one exp a split and head; padded splits m = -inf,
+            # padded heads m = 0, l = 1, o = 0
+            m = tl.where(hm, tl.load(rec + D, mask=sm, other=float("-inf"), cache_modifier=".cg"), 0.0)
+            ell = tl.where(hm, tl.load(rec + D + 1, mask=sm, other=0.0, cache_modifier=".cg"), 1.0)
             scale = tl.exp(m - tl.max(m, axis=0)[None, :])
-            a = tl.sum(scale * o, axis=0) / tl.sum(scale * ell, axis=0)
-            w = tl.load(wo + rows[:, None] * QD + cols[None, :], mask=(rows[:, None] < hi) & cm, other=0.0)
-            acc += w.to(tl.float32) * a[None, :]
+            o = tl.load(rec[:, :, None] + d, mask=sm[:, :, None] & (d < D), other=0.0, cache_modifier=".cg")
+            a = tl.sum(scale[:, :, None] * o, axis=0) / tl.sum(scale * ell, axis=0)[:, None]  # (heads, D)
+            wm = (rows < hi) & hm[:, :, None] & (d < D)
+            w = tl.load(wo + rows * QD + head[None, :, None] * D + d, mask=wm, other=0.0)
+            acc += w.to(tl.float32) * a[None, :, :]
+        rows = lo + tl.arange(0, BN_O)
         res = _vec(XIN, A, OFFS, B_X, layer, NL1, rows, rows < hi)
-        tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + tl.sum(acc, axis=1), mask=rows < hi)
+        tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + tl.sum(tl.sum(acc, axis=2), axis=1), mask=rows < hi)
     elif kind == 3:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] m) * (Wu[lo:hi] m), m = h r w_mlp, r = rsqrt(mean(h^2) + eps)
         r = _rms_scale(XIN, A, OFFS, B_H, layer, NL1, H, eps, BLOCK_H)
         wg = _ptr(W, OFFS, B_WG, layer, NL1)
@@ -470,7 +475,7 @@ def decode_kernel(
     BN_QKV: tl.constexpr,
     BK_QKV: tl.constexpr,
     BN_O: tl.constexpr,
-    BK_O: tl.constexpr,
+    HPC_O: tl.constexpr,
     BN_GU: tl.constexpr,
     BK_GU: tl.constexpr,
     BN_D: tl.constexpr,
@@ -507,7 +512,7 @@ def decode_kernel(
             tl.extra.cuda.gdc_wait()  # the previous launch has finished and its writes are visible
             tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
-              eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
+              eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, HPC_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
               BLOCK_G, BLOCK_DH)  # fmt: skip
     else:
         alive = pid * 0 + 1
@@ -530,7 +535,7 @@ def decode_kernel(
                 if alive != 0:
                     tl.debug_barrier()  # no warp reads before every warp has seen the counters
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
-                          MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
+                          MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, HPC_O, BN_GU, BK_GU, BN_D,
                           BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_DH)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     tl.atomic_add(COUNTERS + tl.load(TASKS + t * NF + 7), 1, sem="release", scope="gpu")
@@ -665,7 +670,7 @@ class Megakernel:
             BN_QKV=bn["qkv"],
             BK_QKV=bk(bn["qkv"], c.hidden),
             BN_O=bn["o"],
-            BK_O=bk(max(bn["o"], 4 * _pow2(t.kv_splits)), c.q_size),
+            HPC_O=max(1, min(_pow2(c.num_heads), budget // (max(bn["o"], _pow2(t.kv_splits)) * _pow2(c.head_dim)))),
             BN_GU=bn["gu"],
             BK_GU=bk(2 * bn["gu"], c.hidden),
             BN_D=bn["d"],
