@@ -36,7 +36,8 @@ sm_90, and where a row is not a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in BK chunks into a (BN, BK)
-         fp32 accumulator reduced once after the loop. QKV and GATEUP normalize their input on the fly (r = rsqrt(
+         fp32 accumulator reduced once after the loop, the next weight tile loaded before the current one is
+         multiplied (Triton pipelines no load that feeds no dot). QKV and GATEUP normalize their input on the fly (r = rsqrt(
          mean(v^2) + eps) from one pass over the hidden vector, then each chunk times r and the norm weight: no NORM
          task, no hop); OPROJ combines the attention partials of all splits HPC_O heads at a time along its K (a =
          sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, one exp a split and head; every OPROJ task recomputes it from
@@ -156,15 +157,26 @@ def _rms_scale(XIN, A, OFFS, buf: tl.constexpr, layer, NL1, H, eps, BLOCK_H: tl.
 
 
 @triton.jit
+def _wtile(W, rows, hi, K, k0, BLOCK_K: tl.constexpr):
+    """Columns [k0, k0 + BLOCK_K) of rows `rows` (< hi) of the row-major (., K) matrix W; nothing is read past K."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(W + rows[:, None] * K + cols[None, :], mask=(rows[:, None] < hi) & (cols[None, :] < K), other=0.0)
+
+
+@triton.jit
 def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """rows [lo, hi) of the row-major (., K) matrix W times the float32 vector X: fp32 (BLOCK_N,), masked past hi."""
+    """rows [lo, hi) of the row-major (., K) matrix W times the float32 vector X: fp32 (BLOCK_N,), masked past hi.
+    The next weight tile is loaded before this one is multiplied (two tiles in flight: Triton does not pipeline
+    loads that feed no dot); the accumulator keeps the tile's shape and is reduced once after the loop."""
     rows = lo + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)  # reduced once after the loop
+    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    w = _wtile(W, rows, hi, K, 0, BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
+        w_next = _wtile(W, rows, hi, K, k0 + BLOCK_K, BLOCK_K)
         cols = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(W + rows[:, None] * K + cols[None, :], mask=(rows[:, None] < hi) & (cols[None, :] < K), other=0.0)
         x = tl.load(X + cols, mask=cols < K, other=0.0, cache_modifier=".cg")
         acc += w.to(tl.float32) * x[None, :]
+        w = w_next
     return tl.sum(acc, axis=1)
 
 
@@ -246,7 +258,9 @@ def _task(
         wn = _ptr(W, OFFS, B_WAN, layer, NL1)
         rows = lo + tl.arange(0, BN_QKV)
         acc = tl.zeros((BN_QKV, BK_QKV), tl.float32)
-        for k0 in range(0, H, BK_QKV):
+        w = _wtile(wqkv, rows, hi, H, 0, BK_QKV)
+        for k0 in range(0, H, BK_QKV):  # as _gemv, the input normalized chunk by chunk
+            w_next = _wtile(wqkv, rows, hi, H, k0 + BK_QKV, BK_QKV)
             cols = k0 + tl.arange(0, BK_QKV)
             cm = cols < H
             n = (
@@ -254,8 +268,8 @@ def _task(
                 * r
                 * tl.load(wn + cols, mask=cm, other=0.0).to(tl.float32)
             )
-            w = tl.load(wqkv + rows[:, None] * H + cols[None, :], mask=(rows[:, None] < hi) & cm[None, :], other=0.0)
             acc += w.to(tl.float32) * n[None, :]
+            w = w_next
         tl.store(_ptr(A, OFFS, B_QKV, layer, NL1) + rows, tl.sum(acc, axis=1), mask=rows < hi)
     elif kind == 1:  # ATTN of group g = lo, split s (graph.py): rope, the new KV row, (o, m, l) over the split
         i = tl.arange(0, BLOCK_DH)  # the two rotary halves are kept apart: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)
@@ -321,7 +335,12 @@ def _task(
         sp = tl.arange(0, BLOCK_S)[:, None]
         d = tl.arange(0, 2 * BLOCK_DH)[None, None, :]
         acc = tl.zeros((BN_O, HPC_O, 2 * BLOCK_DH), tl.float32)
+        wmask = (rows < hi) & (d < D)
+        hh = tl.arange(0, HPC_O)[None, :, None]
+        w = tl.load(wo + rows * QD + hh * D + d, mask=wmask & (hh < HQ), other=0.0)
         for h0 in range(0, HQ, HPC_O):
+            hn = h0 + HPC_O + hh  # the next heads' weights in flight while these are combined and multiplied
+            w_next = tl.load(wo + rows * QD + hn * D + d, mask=wmask & (hn < HQ), other=0.0)
             head = h0 + tl.arange(0, HPC_O)
             hm = (head < HQ)[None, :]
             rec = att + (sp * HQ + head[None, :]) * (D + 2)  # (S, heads)
@@ -333,9 +352,8 @@ def _task(
             scale = tl.exp(m - tl.max(m, axis=0)[None, :])
             o = tl.load(rec[:, :, None] + d, mask=sm[:, :, None] & (d < D), other=0.0, cache_modifier=".cg")
             a = tl.sum(scale[:, :, None] * o, axis=0) / tl.sum(scale * ell, axis=0)[:, None]  # (heads, D)
-            wm = (rows < hi) & hm[:, :, None] & (d < D)
-            w = tl.load(wo + rows * QD + head[None, :, None] * D + d, mask=wm, other=0.0)
             acc += w.to(tl.float32) * a[None, :, :]
+            w = w_next
         rows = lo + tl.arange(0, BN_O)
         res = _vec(XIN, A, OFFS, B_X, layer, NL1, rows, rows < hi)
         tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + tl.sum(tl.sum(acc, axis=2), axis=1), mask=rows < hi)
@@ -347,7 +365,11 @@ def _task(
         rows = lo + tl.arange(0, BN_GU)
         acc_g = tl.zeros((BN_GU, BK_GU), tl.float32)
         acc_u = tl.zeros((BN_GU, BK_GU), tl.float32)
-        for k0 in range(0, H, BK_GU):
+        tg = _wtile(wg, rows, hi, H, 0, BK_GU)
+        tu = _wtile(wu, rows, hi, H, 0, BK_GU)
+        for k0 in range(0, H, BK_GU):  # as _gemv, both matrices in one loop, the input normalized chunk by chunk
+            tg_next = _wtile(wg, rows, hi, H, k0 + BK_GU, BK_GU)
+            tu_next = _wtile(wu, rows, hi, H, k0 + BK_GU, BK_GU)
             cols = k0 + tl.arange(0, BK_GU)
             cm = cols < H
             n = (
@@ -355,9 +377,10 @@ def _task(
                 * r
                 * tl.load(wn + cols, mask=cm, other=0.0).to(tl.float32)
             )
-            wm = (rows[:, None] < hi) & cm[None, :]
-            acc_g += tl.load(wg + rows[:, None] * H + cols[None, :], mask=wm, other=0.0).to(tl.float32) * n[None, :]
-            acc_u += tl.load(wu + rows[:, None] * H + cols[None, :], mask=wm, other=0.0).to(tl.float32) * n[None, :]
+            acc_g += tg.to(tl.float32) * n[None, :]
+            acc_u += tu.to(tl.float32) * n[None, :]
+            tg = tg_next
+            tu = tu_next
         g = tl.sum(acc_g, axis=1)
         tl.store(_ptr(A, OFFS, B_ACT, layer, NL1) + rows, g * tl.sigmoid(g) * tl.sum(acc_u, axis=1), mask=rows < hi)
     elif kind == 4:  # DOWN: x[l + 1][lo:hi] = h[lo:hi] + Wd[lo:hi] act (the last layer writes the step's output)
