@@ -37,12 +37,12 @@ sm_90, and where a row is not a multiple of 16 bytes.
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in BK chunks into a (BN, BK)
          fp32 accumulator reduced once after the loop, the next weight tile loaded before the current one is
-         multiplied (Triton pipelines no load that feeds no dot). QKV and GATEUP normalize their input on the fly (r = rsqrt(
-         mean(v^2) + eps) from one pass over the hidden vector, then each chunk times r and the norm weight: no NORM
-         task, no hop); OPROJ combines the attention partials of all splits HPC_O heads at a time along its K (a =
-         sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, one exp a split and head; every OPROJ task recomputes it from
-         L2: S x Hq x (D + 2) floats, which bigger O tiles or fewer KV splits make cheaper);
-         DOWN and OPROJ add the residual rows; GATEUP streams its two matrices in one loop.
+         multiplied (Triton pipelines no load that feeds no dot). QKV and GATEUP normalize their input on the fly
+         (r = rsqrt(mean(v^2) + eps) from one pass over the hidden vector, then each chunk times r and the norm
+         weight: no NORM task, no hop). OPROJ combines the attention partials of all splits HPC_O heads at a time
+         along its K (a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, one exp a split and head; every OPROJ task
+         recomputes it from L2: S x Hq x (D + 2) floats, which bigger O tiles or fewer KV splits make cheaper). DOWN
+         and OPROJ add the residual rows; GATEUP streams its two matrices in one loop.
   ATTN   group g, split s: rotates the group's q heads and k_g (the two rotary halves kept apart, cos/sin read from a
          (max_seq, D/2) table computed in float64 at build: fp32 angles lose ~1e-2 rad at position 1e5); split 0
          writes the new KV cache row and starts its online softmax from the new token in registers (rounded to the
