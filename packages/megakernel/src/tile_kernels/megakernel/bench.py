@@ -9,7 +9,7 @@ five ways in one run on one GPU:
     per-op, CUDA graph + PDL     the same with programmatic dependent launch: each launch prefetches its weights to
                                  L2, then waits for the previous one (griddepcontrol)
 
-and variants of the megakernel (no L2 prefetch, 4 / 16 warps, 4 KV splits, 4x O-projection rows) that the first GPU
+and variants of the megakernel (no L2 prefetch, 4 / 16 warps, 4 / 8 KV splits, 4x O-projection rows) that the first GPU
 runs learn from. Every megakernel's first launch runs under the watchdog and is compared with the eager step (max
 |error| recorded).
 
@@ -140,6 +140,7 @@ def bench_shape(shape_name: str, layers: int | None = None, seed: int = 0, devic
         "megakernel, 4 warps": lambda: variant(num_warps=4),
         "megakernel, 16 warps": lambda: variant(num_warps=16),
         "megakernel, 4 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=4)),
+        "megakernel, 8 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=8)),
         # each O-projection tile recombines every attention split: 4x the rows, a quarter of that work
         "megakernel, 4x O rows": lambda: variant(tiling=replace(step.graph.tiling, o=4 * step.graph.tiling.o)),
     }
