@@ -359,6 +359,9 @@ def test_build_decode_step_interpreter_and_errors():
     for position in range(3):
         x, want = step(x, cache, position), decode_step(config, weights, x, cache_ref, position)
         torch.testing.assert_close(x, want, rtol=1e-10, atol=1e-10)
+    if os.environ.get("TRITON_INTERPRET") != "1":  # CPU weights, no interpreter: the Triton backend says what it needs
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU and weights on it, or TRITON_INTERPRET=1"):
+            build_decode_step(config, weights)
     with pytest.raises(ValueError, match="backend must be one of"):
         build_decode_step(config, weights, backend="cuda")
     name = "model.layers.1.mlp.up_proj.weight"
