@@ -129,7 +129,8 @@ def prim_func(kernel: str, dtype: str, tilelang_target: dict):
         left: T.int32,
         right: T.int32,
     ):
-        with T.Kernel(T.ceildiv(SQ, block_m), HQ, B, threads=threads) as (mb, h, b):
+        with T.Kernel(T.ceildiv(SQ, block_m), HQ, B, threads=threads) as (bx, h, b):
+            mb = T.ceildiv(SQ, block_m) - 1 - bx  # the last query blocks (the longest causal bands) start first
             q_tile = T.alloc_shared((block_m, d_pad), dtype)
             k_tile = T.alloc_shared((block_n, d_pad), dtype)
             v_tile = T.alloc_shared((block_n, d_pad), dtype)
