@@ -19,6 +19,12 @@ splits the loop into a TMA producer warp group and wgmma consumers (warp special
 choice per target, no Hopper-only path is written here. A head dim below its bucket pads the tiles with zeros
 (predicated copies; TMA off: its row strides need not be 16-byte multiples). Inputs are compact (B, S, H, D) in
 float16 / bfloat16 (`unsupported` says why another input cannot run: float32 would run its products in TF32).
+
+Design limits: sequence lengths below 2^31 (TMA coordinates and the band arithmetic are int32; the padded kernels'
+offsets are int64); B and Hq up to 65535 (grid dims y, z); TMA needs 16-byte aligned bases (torch / JAX allocations
+are). Performance is not measured yet: the loop runs QK^T, softmax and PV in order within a consumer warp group (the
+two groups interleave on the tensor cores); overlapping a block's softmax with the next block's QK^T inside a group
+(T.wgmma_gemm / T.wait_wgmma) and a wider BLOCK_N at head dim 128 are the next steps if the H200 measures it short.
 """
 
 import functools
