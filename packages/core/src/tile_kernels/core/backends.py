@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import os
 import shutil
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,3 +165,30 @@ def sm_name(arch: int) -> str:
     """TileLang's architecture name for compute capability `arch` (90 for 9.0): the arch-specific 'a' variants on
     Hopper and Blackwell, which TileLang's nvcc build needs there."""
     return f"sm_{arch}a" if arch in (90, 100) else f"sm_{arch}"
+
+
+def tilelang_target(arch: int) -> dict:
+    """TileLang's CUDA target for compute capability `arch`."""
+    return {"kind": "cuda", "arch": sm_name(arch)}
+
+
+_TILELANG_LOCK = threading.Lock()  # TileLang's compiler is not re-entrant: one lowering or build at a time
+
+
+def tilelang_lower(make_prim_func: Callable, target: dict):
+    """TileLang's lowering (no build) of the prim_func that `make_prim_func()` returns: its device source is
+    `.kernel_source`."""
+    import tilelang
+    from tilelang import tvm
+
+    with _TILELANG_LOCK, tvm.target.Target(target):
+        return tilelang.lower(make_prim_func(), target=target)
+
+
+def tilelang_build(make_prim_func: Callable, target: dict, pass_configs: dict | None = None):
+    """TileLang's full build (nvcc for CUDA targets): a JITKernel with the TVM-FFI calling convention."""
+    import tilelang
+    from tilelang import tvm
+
+    with _TILELANG_LOCK, tvm.target.Target(target):
+        return tilelang.compile(make_prim_func(), target=target, execution_backend="tvm_ffi", pass_configs=pass_configs)

@@ -28,14 +28,12 @@ two groups interleave on the tensor cores); overlapping a block's softmax with t
 """
 
 import functools
-import threading
 
-from .backends import sm_name
+from .backends import tilelang_build, tilelang_lower, tilelang_target
 
 LOG2E = 1.4426950408889634
 DTYPES = ("float16", "bfloat16")
 HEAD_DIMS = (64, 128, 256)  # the buckets; smaller head dims pad up to the next one
-_LOCK = threading.Lock()  # TileLang's compiler is not re-entrant
 # nvcc --use_fast_math: exp2 / log2 as single MUFU instructions (ex2 / lg2.approx, relative error ~2^-22; exp2(-inf)
 # is still 0), approximate divisions. It would also turn tanhf into tanh.approx (error ~2^-11, times softcap * log2(e)
 # in the exponent): the softcap's tanh is written with exp2 instead.
@@ -213,27 +211,17 @@ def variants(dtypes) -> list[tuple[str, str, str]]:
     return [(k, d, d) for d in dtypes if d in DTYPES for k in kernels]
 
 
-def target(arch: int) -> dict:
-    return {"kind": "cuda", "arch": sm_name(arch)}
+target = tilelang_target
 
 
-def lower(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
-    """TileLang's lowering of one kernel for a target (no build): its device source is `.kernel_source`."""
-    import tilelang
-    from tilelang import tvm
-
-    with _LOCK, tvm.target.Target(tilelang_target):
-        return tilelang.lower(prim_func(kernel, dtype, tilelang_target), target=tilelang_target)
+def lower(kernel: str, dtype: str, _dtype: str, target: dict):
+    """TileLang's lowering of one kernel for a target (no build)."""
+    return tilelang_lower(lambda: prim_func(kernel, dtype, target), target)
 
 
-def build(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
-    """TileLang's full build (nvcc for CUDA targets) of one kernel: a JITKernel with the TVM-FFI calling convention."""
-    import tilelang
-    from tilelang import tvm
-
-    with _LOCK, tvm.target.Target(tilelang_target):
-        func = prim_func(kernel, dtype, tilelang_target)
-        return tilelang.compile(func, target=tilelang_target, execution_backend="tvm_ffi", pass_configs=FAST_MATH)
+def build(kernel: str, dtype: str, _dtype: str, target: dict):
+    """TileLang's nvcc build of one kernel (TVM-FFI calling convention)."""
+    return tilelang_build(lambda: prim_func(kernel, dtype, target), target, pass_configs=FAST_MATH)
 
 
 @functools.cache

@@ -14,14 +14,12 @@ Weight is (WB, n) with WB = 1 (shared) or batch (one per problem, a JAX vmap), r
 """
 
 import functools
-import threading
 
-from .backends import sm_name
+from .backends import tilelang_build, tilelang_lower, tilelang_target
 
 THREADS = 256
 CHUNK = THREADS * 8  # elements of a row per step: 8 per thread
 COLSUM_THREADS = 256
-_LOCK = threading.Lock()  # TileLang's compiler is not re-entrant
 
 
 def _kernels(x_dtype: str, w_dtype: str, flag: bool):
@@ -162,27 +160,17 @@ def variants(dtypes) -> list[tuple[str, str, str]]:
     return [(k, d, d) for d in dtypes for k in kernels] + [("rms_norm_colsum", d, d) for d in dtypes]
 
 
-def target(arch: int) -> dict:
-    return {"kind": "cuda", "arch": sm_name(arch)}
+target = tilelang_target
 
 
-def lower(kernel: str, x_dtype: str, w_dtype: str, tilelang_target: dict):
-    """TileLang's lowering of one kernel for a target (no build): its device source is `.kernel_source`."""
-    import tilelang
-    from tilelang import tvm
-
-    with _LOCK, tvm.target.Target(tilelang_target):
-        return tilelang.lower(prim_func(kernel, x_dtype, w_dtype), target=tilelang_target)
+def lower(kernel: str, x_dtype: str, w_dtype: str, target: dict):
+    """TileLang's lowering of one kernel for a target (no build)."""
+    return tilelang_lower(lambda: prim_func(kernel, x_dtype, w_dtype), target)
 
 
-def build(kernel: str, x_dtype: str, w_dtype: str, tilelang_target: dict):
-    """TileLang's full build (nvcc for CUDA targets) of one kernel: a JITKernel with the TVM-FFI calling convention."""
-    import tilelang
-    from tilelang import tvm
-
-    with _LOCK, tvm.target.Target(tilelang_target):
-        func = prim_func(kernel, x_dtype, w_dtype)
-        return tilelang.compile(func, target=tilelang_target, execution_backend="tvm_ffi")
+def build(kernel: str, x_dtype: str, w_dtype: str, target: dict):
+    """TileLang's nvcc build of one kernel (TVM-FFI calling convention)."""
+    return tilelang_build(lambda: prim_func(kernel, x_dtype, w_dtype), target)
 
 
 COLUMN_SUM_KERNEL = "rms_norm_colsum"  # the backward's second launch
