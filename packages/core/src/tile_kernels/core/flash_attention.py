@@ -637,6 +637,15 @@ def _shared(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype, causal
     return args, constexprs
 
 
+def _forward_buffers(batch: int, seqlen_q: int, heads_q: int, head_dim: int, dtype: str) -> tuple[bool, dict]:
+    """(whether the output is empty, the forward's out and lse buffers): zeroed when empty (no launch writes them)."""
+    empty = batch * seqlen_q * heads_q * head_dim == 0
+    return empty, {
+        "out": BufferSpec((batch, seqlen_q, heads_q, head_dim), dtype, zeroed=empty),
+        "lse": BufferSpec((batch, heads_q, seqlen_q), "float32", zeroed=empty),
+    }
+
+
 def forward(
     batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int, *, dtype: str,
     causal: bool, window: tuple[int, int], scale: float | None, softcap: float, target: Target,
@@ -644,11 +653,7 @@ def forward(
 ) -> Plan:  # fmt: skip
     """Inputs q, k, v ((B, S, H, D) with unit head-dim stride, the other strides given; None = compact).
     Outputs out (B, Sq, Hq, D) compact and lse (B, Hq, Sq) fp32 (base 2; +inf for rows that see no key)."""
-    empty = batch * seqlen_q * heads_q * head_dim == 0
-    buffers = {
-        "out": BufferSpec((batch, seqlen_q, heads_q, head_dim), dtype, zeroed=empty),
-        "lse": BufferSpec((batch, heads_q, seqlen_q), "float32", zeroed=empty),
-    }
+    empty, buffers = _forward_buffers(batch, seqlen_q, heads_q, head_dim, dtype)
     launches = ()
     if not empty:
         args, constexprs = _shared(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype, causal, window,
@@ -676,11 +681,7 @@ def compiled_forward(
     (B, S, H, D); outputs out and lse exactly as `forward` (the Triton backward reads them)."""
     check_backend(backend, dtype, head_dim)
     module = backends.module(NAME, backend)
-    empty = batch * seqlen_q * heads_q * head_dim == 0
-    buffers = {
-        "out": BufferSpec((batch, seqlen_q, heads_q, head_dim), dtype, zeroed=empty),
-        "lse": BufferSpec((batch, heads_q, seqlen_q), "float32", zeroed=empty),
-    }
+    empty, buffers = _forward_buffers(batch, seqlen_q, heads_q, head_dim, dtype)
     calls = ()
     if not empty:
         left, right = _window(causal, window, seqlen_q, seqlen_k)
