@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from conftest import DEVICE
@@ -74,16 +75,24 @@ def torch_results():
     world, env = 2, _environment()
     env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world)}
     script = os.path.join(HERE, "distributed_torch.py")
-    procs = [
-        subprocess.Popen([sys.executable, script], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-        for r in range(world)
-    ]  # fmt: skip
-    try:
-        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+    # each rank writes to files, not pipes: a rank blocked on a full pipe that nobody drains yet would stall the
+    # collectives of the other
+    with tempfile.TemporaryDirectory() as logs:
+        files = [(open(os.path.join(logs, f"{r}.out"), "w+"), open(os.path.join(logs, f"{r}.err"), "w+"))
+                 for r in range(world)]  # fmt: skip
+        procs = [subprocess.Popen([sys.executable, script], env={**env, "RANK": str(r)}, stdout=out, stderr=err)
+                 for r, (out, err) in enumerate(files)]  # fmt: skip
+        try:
+            for p in procs:
+                p.wait(timeout=TIMEOUT)
+        finally:
+            for p in procs:
+                p.kill()
+        outs = []
+        for out, err in files:
+            out.seek(0), err.seek(0)
+            outs.append((out.read(), err.read()))
+            out.close(), err.close()
     return _by_op([r for out, _ in outs for r in _results(out)], "\n".join(err for _, err in outs))
 
 
