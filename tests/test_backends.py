@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import DEVICE
 from drivers import DRIVERS
+from test_flash_attention import assert_torch_compile_matches_eager
 from test_ops import assert_close
 
 from tile_kernels.core import backends
@@ -417,17 +418,7 @@ def test_torch_flash_attention_tilelang_refuses_float32_and_passes_opcheck_and_c
     ]:  # fmt: skip
         result = torch.library.opcheck(op, args, test_utils=utils)
         assert all(r == "SUCCESS" for r in result.values()), (op, result)
-
-    def attend(q, k, v):
-        return tk.flash_attention(q, k, v, causal=True, window=(100, -1), backend="tilelang").float().square().sum()
-
-    torch._dynamo.reset()
-    compiled = torch.compile(attend, fullgraph=True)
-    got, grads = compiled(q, k, v), torch.autograd.grad(compiled(q, k, v), (q, k, v))
-    want, want_grads = attend(q, k, v), torch.autograd.grad(attend(q, k, v), (q, k, v))
-    torch.testing.assert_close(got, want)
-    for a, b in zip(grads, want_grads):
-        torch.testing.assert_close(a, b)
+    assert_torch_compile_matches_eager(q, k, v, causal=True, window=(100, -1), backend="tilelang")
 
 
 @gpu_only

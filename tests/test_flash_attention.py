@@ -170,14 +170,21 @@ def test_torch_opcheck():
 def test_torch_compile_fullgraph_matches_eager():
     import torch
 
-    import tile_kernels.torch as tk
-
     q = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(2, 300, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(2, 300, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    assert_torch_compile_matches_eager(q, k, v, causal=True, window=(100, -1))
+
+
+def assert_torch_compile_matches_eager(q, k, v, **options) -> None:
+    """torch.compile(fullgraph=True) of a loss through flash_attention(q, k, v, **options) gives eager's loss and
+    gradients."""
+    import torch
+
+    import tile_kernels.torch as tk
 
     def attend(q, k, v):
-        return tk.flash_attention(q, k, v, causal=True, window=(100, -1)).float().square().sum()
+        return tk.flash_attention(q, k, v, **options).float().square().sum()
 
     torch._dynamo.reset()
     compiled = torch.compile(attend, fullgraph=True)

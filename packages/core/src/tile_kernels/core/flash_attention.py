@@ -39,7 +39,7 @@ import triton.language as tl
 from . import backends, checks
 from .backends import Call
 from .host import interpreting
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, next_power_of_2
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, register, round_to
 
 NAME = "flash_attention"
@@ -671,6 +671,14 @@ def check_backend(backend: str, dtype: str, head_dim: int) -> None:
     why = backends.module(NAME, backend).unsupported(dtype, head_dim) if backend != "triton" else None
     if why:
         raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
+
+
+def options(q, causal, window, softmax_scale, softcap, backend: str) -> tuple[bool, tuple[int, int], float, float]:
+    """The public call's options as the ops take them, (causal, (left, right), scale, softcap), once `check` has passed
+    and the backend is resolved; raises what that backend cannot run (check_backend)."""
+    check_backend(backend, dtype_name(q.dtype), q.shape[-1])
+    scale = default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    return bool(causal), (int(window[0]), int(window[1])), scale, float(softcap)
 
 
 def compiled_forward(

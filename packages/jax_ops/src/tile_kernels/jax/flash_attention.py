@@ -105,7 +105,5 @@ def flash_attention(
     bfloat16), or None for the default of the device (tile_kernels.core.backends)."""
     core.check(q, k, v, causal, window, softmax_scale, softcap)
     backend = backends.resolve(core.NAME, backend, platform(core.NAME), needs=("jax_tvm_ffi",))
-    core.check_backend(backend, dtype_name(q.dtype), q.shape[-1])
-    scale = core.default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    window = (int(window[0]), int(window[1]))
-    return _flash_attention(q, k, v, bool(causal), window, scale, float(softcap), backend)
+    causal, window, scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)
+    return _flash_attention(q, k, v, causal, window, scale, softcap, backend)

@@ -106,10 +106,8 @@ def flash_attention(
     core.check(q, k, v, causal, window, softmax_scale, softcap)
     device = check_device(core.NAME, q=q, k=k, v=v)
     backend = _resolve(core.NAME, backend, platform(device))
-    core.check_backend(backend, dtype_name(q.dtype), q.shape[-1])
-    scale = core.default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    left, right = (int(w) for w in window)
-    return flash_attention_fwd(q, k, v, bool(causal), left, right, scale, float(softcap), backend)[0]
+    causal, (left, right), scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)
+    return flash_attention_fwd(q, k, v, causal, left, right, scale, softcap, backend)[0]
 
 
 # resolved while tracing too: torch.compile takes the result as a constant
