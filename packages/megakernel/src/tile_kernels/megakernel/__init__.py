@@ -102,8 +102,8 @@ def build_decode_step(
             )
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"build_decode_step(backend='triton'): needs weights on cuda or cpu, got {device}")
-        if num_sms is None:
-            num_sms = 132 if device.type == "cpu" else torch.cuda.get_device_properties(device).multi_processor_count
+        if num_sms is None and device.type == "cuda":
+            num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     elif device.type != "cpu":
         raise ValueError(f"build_decode_step(backend='interpreter'): needs weights on cpu, got {device}")
     num_sms = 132 if num_sms is None else num_sms
