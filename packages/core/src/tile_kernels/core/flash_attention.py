@@ -36,7 +36,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from . import backends, checks
+from . import backends, checks, flash_attention_tilelang
 from .backends import Call
 from .host import interpreting
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, next_power_of_2
@@ -99,9 +99,10 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 @triton.jit
 def _visible(rows, cols, seqlen_k, shift, left, right):
-    """Key `cols` visible to query `rows` (shift = Sk - Sq: bottom-right alignment)."""
-    diag = rows[:, None] + shift
-    return (cols[None, :] < seqlen_k) & (cols[None, :] >= diag - left) & (cols[None, :] <= diag + right)
+    """Key `cols` visible to query `rows` (shift = Sk - Sq: bottom-right alignment), for rows / cols already shaped to
+    broadcast: (M, 1) and (1, N), or (1, M) and (N, 1) for the transposed scores."""
+    diag = rows + shift
+    return (cols < seqlen_k) & (cols >= diag - left) & (cols <= diag + right)
 
 
 @triton.jit
@@ -119,7 +120,7 @@ def _fwd_blocks(
         )  # (D, N)
         s, _ = _scores(_dot(q, kt, IEEE), scale, softcap, SOFTCAP)
         if MASKED:
-            s = tl.where(_visible(rows, cols, seqlen_k, shift, left, right), s, -float("inf"))
+            s = tl.where(_visible(rows[:, None], cols[None, :], seqlen_k, shift, left, right), s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row that has seen no key yet
         p = tl.exp2(s - m_safe[:, None])
@@ -290,14 +291,15 @@ def _dkdv_blocks(
     seqlen_k, shift, left, right, scale, softcap, d, dmask,
     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    """dK, dV (BLOCK_N, D) of one key block from query blocks [start, end) of one query head. Rows past Sq read
-    lse = +inf, so their P is 0 without a mask."""
+    """dK, dV (BLOCK_N, D) of one key block from query blocks [start, end) of one query head, on transposed scores
+    (N, M) = K Q^T: P^T and dS^T are the left operands of their products straight from registers, and Q^T is loaded
+    transposed, so no product transposes a register tile. Rows past Sq read lse = +inf, so their P is 0."""
     for m0 in range(start, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         row_mask = rows < seqlen_q
-        q = _load(
-            q_base + rows[:, None] * stride_qs + d[None, :], row_mask[:, None], dmask[None, :], MASKED, not EVEN_D
-        )
+        qt = _load(
+            q_base + rows[None, :] * stride_qs + d[:, None], row_mask[None, :], dmask[:, None], MASKED, not EVEN_D
+        )  # (D, M)
         do = _load(
             do_base + rows[:, None] * head_stride + d[None, :], row_mask[:, None], dmask[None, :], MASKED, not EVEN_D
         )
@@ -307,16 +309,16 @@ def _dkdv_blocks(
         else:
             lse = tl.load(lse_base + rows)
             delta = tl.load(delta_base + rows)
-        s, t = _scores(_dot(q, tl.trans(k), IEEE), scale, softcap, SOFTCAP)  # (M, N)
-        p = tl.exp2(s - lse[:, None])
+        st, t = _scores(_dot(k, qt, IEEE), scale, softcap, SOFTCAP)  # (N, M)
+        pt = tl.exp2(st - lse[None, :])
         if MASKED:
-            p = tl.where(_visible(rows, cols, seqlen_k, shift, left, right), p, 0.0)
-        dv += _dot(tl.trans(p.to(do.dtype)), do, IEEE)
-        dp = _dot(do, tl.trans(v), IEEE)
-        ds = p * (dp - delta[:, None])
+            pt = tl.where(_visible(rows[None, :], cols[:, None], seqlen_k, shift, left, right), pt, 0.0)
+        dv += _dot(pt.to(do.dtype), do, IEEE)
+        dpt = _dot(v, tl.trans(do), IEEE)
+        dst = pt * (dpt - delta[None, :])
         if SOFTCAP:
-            ds = ds * (1.0 - t * t)
-        dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE)
+            dst = dst * (1.0 - t * t)
+        dk += _dot(dst.to(qt.dtype), tl.trans(qt), IEEE)
     return dk, dv
 
 
@@ -401,7 +403,7 @@ def _dq_blocks(
         s, t = _scores(_dot(q, kt, IEEE), scale, softcap, SOFTCAP)
         p = tl.exp2(s - lse[:, None])
         if MASKED:
-            p = tl.where(_visible(rows, cols, seqlen_k, shift, left, right), p, 0.0)
+            p = tl.where(_visible(rows[:, None], cols[None, :], seqlen_k, shift, left, right), p, 0.0)
         dp = _dot(do, vt, IEEE)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
@@ -667,8 +669,10 @@ def forward(
 
 
 def check_backend(backend: str, dtype: str, head_dim: int) -> None:
-    """Raises ValueError naming the input a resolved backend cannot run (the TileLang forward: float32)."""
-    why = backends.module(NAME, backend).unsupported(dtype, head_dim) if backend != "triton" else None
+    """Raises ValueError naming the input a resolved backend cannot run (the TileLang forward: float32). The TileLang
+    module is imported directly (it imports TileLang itself only to build): torch.compile traces this check, and
+    Dynamo cannot trace an import."""
+    why = flash_attention_tilelang.unsupported(dtype, head_dim) if backend == "tilelang" else None
     if why:
         raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
 
