@@ -27,6 +27,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OPS = sorted(REGISTRY)
 GPUS = int(os.environ.get("TILE_KERNELS_NUM_GPUS", "0"))
 TIMEOUT = 900
+# xdist groups: on a CPU the JAX and torch scripts run side by side; on a GPU machine each takes every GPU, so one
+# waits for the other
+JAX_GROUP = "jax-distributed" if DEVICE == "cpu" else "gpus-distributed"
+TORCH_GROUP = "torch-distributed" if DEVICE == "cpu" else "gpus-distributed"
 
 
 def _environment() -> dict:
@@ -112,7 +116,7 @@ def test_every_op_has_a_row_local_rule(op):
     assert op in sharding.RULES, f"{op}: add its row-local rule to tile_kernels.core.sharding.RULES"
 
 
-@pytest.mark.xdist_group("jax-distributed")
+@pytest.mark.xdist_group(JAX_GROUP)
 @pytest.mark.parametrize("op", OPS)
 def test_jax_sharded(jax_results, op):
     """shard_map over 4 devices (2x2 for two split factors), sharding in types, jit with NamedSharding, and vmap over
@@ -162,14 +166,14 @@ def test_jax_partitioned_calls_on_one_device_match(op):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.xdist_group("torch-distributed")
+@pytest.mark.xdist_group(TORCH_GROUP)
 @pytest.mark.parametrize("op", OPS)
 def test_torch_dtensor(torch_results, op):
     """DTensor inputs sharded along row-local dims, on 2 ranks: no redistribution, right placements and values."""
     _assert_passed(torch_results, op, {"dtensor"})
 
 
-@pytest.mark.xdist_group("torch-distributed")
+@pytest.mark.xdist_group(TORCH_GROUP)
 def test_torch_fsdp2_llama_step_matches_torch(torch_results):
     """One FSDP2 training step of a tiny Llama-style model from tile-kernels ops equals the torch-ops model's."""
     _assert_passed(torch_results, "fsdp2_llama", {"fsdp2"})

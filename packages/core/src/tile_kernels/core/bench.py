@@ -48,6 +48,9 @@ OPTIONS = {
 # Variants of OPTIONS benchmarked as separate cases, named by a tag after the shape.
 VARIANTS = {"flash_attention": {"": {}, " causal": {"causal": True}}}
 
+# the note of a backward that a forward computes (fused_linear_cross_entropy): no time of its own
+FUSED_BACKWARD = "the forward computes the gradients (step = forward + scaling)."
+
 
 def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
     """The shapes an op is benchmarked at: rows x width with rows x width = elements, except where the op's shape is
@@ -231,7 +234,7 @@ def markdown(meta: Meta, recs: list[Record]) -> str:
         for r in (r for r in recs if r.op == op):
             tflops = _fmt(r.tflops, ".1f") if r.tflops and r.tflops >= 1 else ""
             lines.append(
-                f"| {r.shape} | {r.dtype} | {r.direction} | {r.impl} | {_fmt(r.ms, '.3f', 'failed')} | "
+                f"| {r.shape} | {r.dtype} | {r.direction} | {r.impl} | {_fmt(r.ms, '.3f', 'in fwd' if FUSED_BACKWARD in r.note else 'failed')} | "
                 f"{_fmt(r.gbs, '.0f')} | {tflops} | {_fmt(r.of_ceiling and 100 * r.of_ceiling, '.0f')}"
                 f"{'%' if r.of_ceiling else ''} | {_fmt(r.vs_compile, '.2f')} | {_fmt(r.peak_mib, '.0f')} | "
                 f"{r.note.replace('|', '/')[:120]} |"

@@ -98,6 +98,17 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _aligned(head_dim, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, UNIT: tl.constexpr):
+    """The head dim and the strides, passed in units of UNIT elements (16 when all are multiples of 16, else 1).
+    Multiplied back by the constant, they are known multiples of 16: the tiles' rows start 16-byte aligned and
+    their loads vectorize (cp.async, 16 bytes). Triton's own launcher (torch) infers that from the values, but
+    jax-triton (0.3) does not specialize int arguments, and a hint on an argument (tl.multiple_of, tl.assume) is
+    lost: without the units its launches load element by element."""
+    return (head_dim * UNIT, sqb * UNIT, sqs * UNIT, sqh * UNIT, skb * UNIT, sks * UNIT, skh * UNIT, svb * UNIT,
+            svs * UNIT, svh * UNIT)  # fmt: skip
+
+
+@triton.jit
 def _visible(rows, cols, seqlen_k, shift, left, right):
     """Key `cols` visible to query `rows` (shift = Sk - Sq: bottom-right alignment), for rows / cols already shaped to
     broadcast: (M, 1) and (1, N), or (1, M) and (N, 1) for the transposed scores."""
@@ -154,10 +165,14 @@ def flash_fwd_kernel(
     scale, softcap, left, right,
     OUT, LSE,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
+    SOFTCAP: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(Sq, BLOCK_M), B * Hq). OUT (B, Sq, Hq, D) compact, LSE (B, Hq, Sq) fp32 in base 2."""
     scale, softcap = tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)  # torch.compile passes floats as fp64
+    head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh = (
+        _aligned(head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                 stride_vh, UNIT)
+    )  # fmt: skip
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // heads_q, bh % heads_q
@@ -329,10 +344,14 @@ def flash_bwd_dkdv_kernel(
     scale, softcap, left, right,
     DK, DV,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
+    SOFTCAP: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(Sk, BLOCK_N), B * Hk). DK, DV (B, Sk, Hk, D) compact."""
     scale, softcap = tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)  # torch.compile passes floats as fp64
+    head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh = (
+        _aligned(head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                 stride_vh, UNIT)
+    )  # fmt: skip
     bh = tl.program_id(1).to(tl.int64)
     b, hk = bh // heads_k, bh % heads_k
     group = heads_q // heads_k
@@ -419,10 +438,14 @@ def flash_bwd_dq_kernel(
     scale, softcap, left, right,
     DQ,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
+    SOFTCAP: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(Sq, BLOCK_M), B * Hq). DQ (B, Sq, Hq, D) compact."""
     scale, softcap = tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)  # torch.compile passes floats as fp64
+    head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh = (
+        _aligned(head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                 stride_vh, UNIT)
+    )  # fmt: skip
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // heads_q, bh % heads_q
@@ -635,7 +658,9 @@ def _shared(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype, causal
     # IEEE dots for float32 (no TF32), and for bfloat16 in Triton's interpreter, whose tl.dot multiplies bfloat16
     # tiles as their raw 16-bit patterns (triton 3.9): upcast there (exact products, fp32 sums as on the GPU)
     ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())
-    constexprs = dict(BLOCK_D=block_d, EVEN_D=block_d == head_dim, SOFTCAP=softcap > 0, IEEE=ieee)
+    unit = 16 if all(a % 16 == 0 for a in args[4:14]) else 1  # the head dim and the nine strides (_aligned)
+    args[4:14] = [a // unit for a in args[4:14]]
+    constexprs = dict(BLOCK_D=block_d, EVEN_D=block_d == head_dim, SOFTCAP=softcap > 0, IEEE=ieee, UNIT=unit)
     return args, constexprs
 
 
