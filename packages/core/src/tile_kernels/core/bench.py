@@ -234,7 +234,8 @@ def markdown(meta: Meta, recs: list[Record]) -> str:
         for r in (r for r in recs if r.op == op):
             tflops = _fmt(r.tflops, ".1f") if r.tflops and r.tflops >= 1 else ""
             lines.append(
-                f"| {r.shape} | {r.dtype} | {r.direction} | {r.impl} | {_fmt(r.ms, '.3f', 'in fwd' if FUSED_BACKWARD in r.note else 'failed')} | "
+                f"| {r.shape} | {r.dtype} | {r.direction} | {r.impl} | "
+                f"{_fmt(r.ms, '.3f', 'in fwd' if FUSED_BACKWARD in r.note else 'failed')} | "
                 f"{_fmt(r.gbs, '.0f')} | {tflops} | {_fmt(r.of_ceiling and 100 * r.of_ceiling, '.0f')}"
                 f"{'%' if r.of_ceiling else ''} | {_fmt(r.vs_compile, '.2f')} | {_fmt(r.peak_mib, '.0f')} | "
                 f"{r.note.replace('|', '/')[:120]} |"

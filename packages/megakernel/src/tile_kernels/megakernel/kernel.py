@@ -606,7 +606,7 @@ class Megakernel:
         c, t = graph.config, graph.tiling
         self.graph, self.schedule, self.debug, self.num_warps = graph, sched, debug, num_warps
         self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:  # "cuda" names the current device: tensors say cuda:N
+        if self.device.type == "cuda" and self.device.index is None:  # tensors say cuda:N, never "cuda"
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.interpret = self.device.type == "cpu"
         if self.interpret != interpreting():
