@@ -39,12 +39,15 @@ import triton.language as tl
 from . import backends, checks, flash_attention_tilelang
 from .backends import Call
 from .host import interpreting
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, next_power_of_2
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, register, round_to
 
 NAME = "flash_attention"
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
+# the int arguments the kernels build addresses from, passed in units of 16 elements where they all divide (_aligned)
+UNIT_ARGS = ("head_dim", "stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
+             "stride_vs", "stride_vh")  # fmt: skip
 # The default stays "triton" (backends.DEFAULTS has no flash_attention entry) until the H200 measures the TileLang
 # forward faster; backend="tilelang" runs the TileLang forward and the Triton backward.
 backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.flash_attention_tilelang"})
@@ -99,11 +102,7 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 @triton.jit
 def _aligned(head_dim, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, UNIT: tl.constexpr):
-    """The head dim and the strides, passed in units of UNIT elements (16 when all are multiples of 16, else 1).
-    Multiplied back by the constant, they are known multiples of 16: the tiles' rows start 16-byte aligned and
-    their loads vectorize (cp.async, 16 bytes). Triton's own launcher (torch) infers that from the values, but
-    jax-triton (0.3) does not specialize int arguments, and a hint on an argument (tl.multiple_of, tl.assume) is
-    lost: without the units its launches load element by element."""
+    """The head dim and the strides, passed in units of UNIT elements (plan.in_units: UNIT_ARGS), multiplied back."""
     return (head_dim * UNIT, sqb * UNIT, sqs * UNIT, sqh * UNIT, skb * UNIT, sks * UNIT, skh * UNIT, svb * UNIT,
             svs * UNIT, svh * UNIT)  # fmt: skip
 
@@ -658,9 +657,7 @@ def _shared(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype, causal
     # IEEE dots for float32 (no TF32), and for bfloat16 in Triton's interpreter, whose tl.dot multiplies bfloat16
     # tiles as their raw 16-bit patterns (triton 3.9): upcast there (exact products, fp32 sums as on the GPU)
     ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())
-    unit = 16 if all(a % 16 == 0 for a in args[4:14]) else 1  # the head dim and the nine strides (_aligned)
-    args[4:14] = [a // unit for a in args[4:14]]
-    constexprs = dict(BLOCK_D=block_d, EVEN_D=block_d == head_dim, SOFTCAP=softcap > 0, IEEE=ieee, UNIT=unit)
+    constexprs = dict(BLOCK_D=block_d, EVEN_D=block_d == head_dim, SOFTCAP=softcap > 0, IEEE=ieee)
     return args, constexprs
 
 
@@ -687,8 +684,9 @@ def forward(
                                    scale, softcap, strides_q, strides_k, strides_v)  # fmt: skip
         block_m, block_n, warps, stages = configs("fwd", head_dim, dtype, target)[config]
         launches = (
-            Launch(flash_fwd_kernel, (cdiv(seqlen_q, block_m), batch * heads_q), ("q", "k", "v", *args),
-                   ("out", "lse"), dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages),
+            in_units(Launch(flash_fwd_kernel, (cdiv(seqlen_q, block_m), batch * heads_q), ("q", "k", "v", *args),
+                           ("out", "lse"), dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages),
+                    *UNIT_ARGS),
         )  # fmt: skip
     return Plan({"q": dtype, "k": dtype, "v": dtype}, buffers, launches, ("out", "lse"))
 
@@ -762,14 +760,14 @@ def backward(
     if not empty_k:
         block_m, block_n, warps, stages = dkdv
         launches.append(
-            Launch(flash_bwd_dkdv_kernel, (cdiv(seqlen_k, block_n), batch * heads_k), reads, ("dk", "dv"),
-                   dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages)
+            in_units(Launch(flash_bwd_dkdv_kernel, (cdiv(seqlen_k, block_n), batch * heads_k), reads, ("dk", "dv"),
+                           dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages), *UNIT_ARGS)
         )  # fmt: skip
     if not empty_q:
         block_m, block_n, warps, stages = dq
         launches.append(
-            Launch(flash_bwd_dq_kernel, (cdiv(seqlen_q, block_m), batch * heads_q), reads, ("dq",),
-                   dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages)
+            in_units(Launch(flash_bwd_dq_kernel, (cdiv(seqlen_q, block_m), batch * heads_q), reads, ("dq",),
+                           dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages), *UNIT_ARGS)
         )  # fmt: skip
     inputs = {"q": dtype, "k": dtype, "v": dtype, "out": dtype, "dout": dtype, "lse": "float32"}
     return Plan(inputs, buffers, tuple(launches), ("dq", "dk", "dv"))

@@ -19,6 +19,7 @@ op declares the mutation), aliases it (jax-triton) or copies it first (host).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -95,6 +96,28 @@ class Launch:
         anchor = next(resolve(bufs, a) for a in self.reads if is_ref(a))
         names = self.reads + (self.writes if with_writes else ())
         return [resolve(bufs, a) if is_ref(a) else anchor if a is None else a for a in names]
+
+
+ALIGN = 16  # elements: Triton's divisibility unit for int arguments
+
+
+def in_units(launch: Launch, *names: str) -> Launch:
+    """`launch` with its int arguments `names` (the row widths and strides its addresses are built from) passed in
+    units of ALIGN elements and the constexpr UNIT = ALIGN when every one is a multiple of ALIGN; else unchanged with
+    UNIT = 1. The kernel multiplies them back by UNIT first: the products are then known multiples of 16, so its rows
+    start 16-byte aligned and its loads and stores vectorize whatever the launcher specializes. Triton's own launcher
+    (torch) marks int arguments divisible by 16 itself; jax-triton (0.3) does not, and a hint on an argument
+    (tl.multiple_of, tl.assume) is lost: without the units its builds load and store element by element."""
+    params = launch.kernel.arg_names
+    positions = [params.index(name) for name in names]
+    values = [launch.reads[i] for i in positions]
+    if not all(isinstance(v, int) for v in values):
+        raise TypeError(f"{launch.kernel.__name__}: {names} must be int arguments, got {values}")
+    unit = ALIGN if all(v % ALIGN == 0 for v in values) else 1
+    reads = list(launch.reads)
+    for i in positions:
+        reads[i] //= unit
+    return dataclasses.replace(launch, reads=tuple(reads), constexprs={**launch.constexprs, "UNIT": unit})
 
 
 @dataclass(frozen=True)
