@@ -32,7 +32,19 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Rows, Target, cdiv, dtype_name, next_power_of_2
+from .plan import (
+    FLOAT_DTYPES,
+    ITEMSIZE,
+    BufferSpec,
+    Launch,
+    Plan,
+    Rows,
+    Target,
+    cdiv,
+    dtype_name,
+    in_units,
+    next_power_of_2,
+)
 from .registry import BadInput, Cost, OpInfo, register, round_to
 from .rows import (
     MAX_ROW_BLOCK,
@@ -50,6 +62,9 @@ TILE = 4096  # elements of a forward tile: narrow rows are read several at a tim
 REDUCE_BLOCK = 16384  # row losses a step of the loss reduction (one step at 16K rows)
 SEGMENT = 8192  # classes a program of the split forward of rows wider than MAX_ROW_BLOCK
 COMBINE_ROWS, COMBINE_SEGMENTS = 16, 32  # rows and segments a step of its combining launch
+# The row widths and strides are passed in units of 16 elements where they all divide (plan.in_units) and multiplied
+# back by UNIT first: rows then start 16-byte aligned and the loads and stores vectorize under jax-triton too. The
+# combining kernel only gathers x[target] from the logits: nothing there to vectorize, it takes them as they are.
 
 
 @triton.jit
@@ -119,7 +134,7 @@ def cross_entropy_fwd_kernel(
     LOGITS, TARGET, rows, V, stride_row, ignore_index, smoothing,
     LOSS, LSE, VALID, DLOGITS,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, ONE_BLOCK: tl.constexpr, SMOOTH: tl.constexpr,
-    HAS_VALID: tl.constexpr, WRITE_GRAD: tl.constexpr,
+    HAS_VALID: tl.constexpr, WRITE_GRAD: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (G, batch), persistent: program g handles tiles g, g + G, ... of BLOCK_M rows of its problem. LOSS gets a
     row's loss (0 when ignored), LSE its log-sum-exp, VALID (for a reduction) 1.0 or 0.0 for an ignored row. With
@@ -128,6 +143,7 @@ def cross_entropy_fwd_kernel(
     reduces (a row per program ran at a third of copy speed: one 8 KiB load, then three dependent block reductions).
     Else (G = rows: a program per row) the row is streamed with an online max / sum. x[target] is gathered before any
     store of its row, so an in-place gradient cannot race with it."""
+    V, stride_row = V * UNIT, stride_row * UNIT
     smoothing = tl.cast(smoothing, tl.float32)  # torch.compile passes floats as fp64
     g = tl.program_id(0)
     G = tl.num_programs(0)
@@ -176,10 +192,11 @@ def cross_entropy_fwd_kernel(
 def cross_entropy_segment_kernel(
     LOGITS, rows, V, stride_row,
     PARTIAL,
-    BLOCK_V: tl.constexpr, SMOOTH: tl.constexpr,
+    BLOCK_V: tl.constexpr, SMOOTH: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Split forward of wide rows, step 1. Grid (S * rows, batch), S = cdiv(V, BLOCK_V) segments a row: one segment
     in registers, PARTIAL[row, s] = (max, sum of exp(x - max) (0 when the max is -inf), sum of x)."""
+    V, stride_row = V * UNIT, stride_row * UNIT
     S = tl.cdiv(V, BLOCK_V)
     s = tl.program_id(0) % S
     row = tl.program_id(1).to(tl.int64) * rows + tl.program_id(0) // S
@@ -237,8 +254,11 @@ def cross_entropy_combine_kernel(
 
 
 @triton.jit
-def loss_reduce_kernel(LOSS, VALID, rows, stride_b, OUT, COUNT, BLOCK: tl.constexpr, MEAN: tl.constexpr):
+def loss_reduce_kernel(
+    LOSS, VALID, rows, stride_b, OUT, COUNT, BLOCK: tl.constexpr, MEAN: tl.constexpr, UNIT: tl.constexpr
+):
     """Grid (batch,): OUT[b] = sum (or mean over valid rows) of LOSS[b, :]; COUNT[b] = sum of VALID[b, :]."""
+    rows, stride_b = rows * UNIT, stride_b * UNIT
     b = tl.program_id(0).to(tl.int64)
     total = tl.zeros([BLOCK], dtype=tl.float32)
     count = tl.zeros([BLOCK], dtype=tl.float32)
@@ -256,10 +276,11 @@ def loss_reduce_kernel(LOSS, VALID, rows, stride_b, OUT, COUNT, BLOCK: tl.conste
 def cross_entropy_bwd_kernel(
     LOGITS, TARGET, LSE, DLOSS, COUNT, rows, V, stride_row, ignore_index, smoothing,
     DLOGITS,
-    BLOCK_V: tl.constexpr, REDUCTION: tl.constexpr, SMOOTH: tl.constexpr,
+    BLOCK_V: tl.constexpr, REDUCTION: tl.constexpr, SMOOTH: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (rows, cdiv(V, BLOCK_V), batch). REDUCTION: 0 none, 1 sum, 2 mean. DLOGITS (rows of V) may be LOGITS
     itself (each element is read by the program that then writes it)."""
+    V, stride_row = V * UNIT, stride_row * UNIT
     smoothing = tl.cast(smoothing, tl.float32)  # torch.compile passes floats as fp64
     b = tl.program_id(2).to(tl.int64)
     row = b * rows + tl.program_id(0)
@@ -314,7 +335,7 @@ def forward_launch(
         tile_rows = max(1, TILE // block)
         warps = row_block(tile_rows * block, target)[2]
         programs = programs_per_problem(cdiv(rows, tile_rows), target, waves=max(1, 2048 // (warps * target.warp_size)))
-    return Launch(
+    launch = Launch(
         cross_entropy_fwd_kernel,
         grid=(programs, batch),
         reads=(logits, labels, rows, n_classes, n_classes if stride_row is None else stride_row, ignore_index,
@@ -324,14 +345,16 @@ def forward_launch(
                         HAS_VALID=valid is not None, WRITE_GRAD=dlogits is not None),
         num_warps=warps,
     )  # fmt: skip
+    return in_units(launch, "V", "stride_row")
 
 
 def reduce_launch(batch: int, rows: int, reduction: str, *, row_loss: Ref, valid: Ref, loss: Ref, count: Ref) -> Launch:
     """loss[b] = sum (mean: over the valid rows) of row_loss[b, :rows]; count[b] = valid rows. Row stride max(rows, 1):
     give a row-less problem one column so that its buffers still have a pointer."""
     block = min(REDUCE_BLOCK, next_power_of_2(max(rows, 1)))
-    return Launch(loss_reduce_kernel, (batch,), (row_loss, valid, rows, max(rows, 1)), (loss, count),
-                  dict(BLOCK=block, MEAN=reduction == "mean"), num_warps=max(1, min(16, block // 512)))  # fmt: skip
+    launch = Launch(loss_reduce_kernel, (batch,), (row_loss, valid, rows, max(rows, 1)), (loss, count),
+                    dict(BLOCK=block, MEAN=reduction == "mean"), num_warps=max(1, min(16, block // 512)))  # fmt: skip
+    return in_units(launch, "rows", "stride_b")
 
 
 def backward_launch(
@@ -343,7 +366,7 @@ def backward_launch(
     rows) is read for 'mean' only."""
     block = min(4096, next_power_of_2(n_classes))
     warps = max(1, min(16, block // (target.warp_size * 8)))
-    return Launch(
+    launch = Launch(
         cross_entropy_bwd_kernel,
         grid=(rows, cdiv(n_classes, block), batch),
         reads=(logits, labels, lse, dloss, count, rows, n_classes, n_classes if stride_row is None else stride_row,
@@ -352,6 +375,7 @@ def backward_launch(
         constexprs=dict(BLOCK_V=block, REDUCTION=REDUCTIONS.index(reduction), SMOOTH=label_smoothing > 0),
         num_warps=warps,
     )  # fmt: skip
+    return in_units(launch, "V", "stride_row")
 
 
 def forward(
@@ -386,8 +410,9 @@ def forward(
         buffers["partial"] = BufferSpec((batch, rows, segments, 3), "float32")
         smooth = label_smoothing > 0
         launches += [
-            Launch(cross_entropy_segment_kernel, (segments * rows, batch), ("logits", rows, n_classes, stride_row),
-                   ("partial",), dict(BLOCK_V=SEGMENT, SMOOTH=smooth), num_warps=row_block(SEGMENT, target)[2]),
+            in_units(Launch(cross_entropy_segment_kernel, (segments * rows, batch),
+                            ("logits", rows, n_classes, stride_row), ("partial",), dict(BLOCK_V=SEGMENT, SMOOTH=smooth),
+                            num_warps=row_block(SEGMENT, target)[2]), "V", "stride_row"),
             Launch(cross_entropy_combine_kernel, (cdiv(rows, COMBINE_ROWS), batch),
                    ("logits", "target", "partial", rows, n_classes, stride_row, ignore_index, float(label_smoothing)),
                    (outs["loss"], "lse", outs["valid"]),
@@ -497,6 +522,7 @@ def plans(target: Target):
                         kw = dict(dtype=dtype, target_dtype=target_dtype, reduction=reduction, ignore_index=-100,
                                   label_smoothing=smoothing, target=target)  # fmt: skip
                         yield forward(1, 4, n, **kw)
+                        yield forward(1, 16, n, **kw)  # 16 rows: the loss reduction launched with UNIT = 16
                         yield backward(1, 4, n, **kw)
 
 

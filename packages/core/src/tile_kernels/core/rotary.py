@@ -15,10 +15,13 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, next_power_of_2
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, register, round_to
 
 NAME = "apply_rotary"
+# The half head dim and the strides are passed in units of 16 elements where they all divide (plan.in_units) and
+# multiplied back by UNIT first: rows then start 16-byte aligned and the loads and stores vectorize under jax-triton
+# too (GPT-NeoX pairs only: the interleaved halves are stride-2 accesses, element by element in any build).
 
 
 @triton.jit
@@ -26,8 +29,10 @@ def rotary_kernel(
     X, COS, SIN, rows, seqlen, heads, HALF, stride_x, stride_table,
     Y,
     BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr,
+    UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(rows, BLOCK_R), batch): a tile of BLOCK_R rows (heads, then positions) per program."""
+    HALF, stride_x, stride_table = HALF * UNIT, stride_x * UNIT, stride_table * UNIT
     b = tl.program_id(1).to(tl.int64)
     m = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row = (b * rows + m)[:, None]
@@ -78,17 +83,16 @@ def rotate(
         block = next_power_of_2(half)
         block_r = max(1, PAIRS_PER_PROGRAM // block)
         warps = max(1, min(8, block * block_r // (target.warp_size * 8)))
-        launches = (
-            Launch(
-                rotary_kernel,
-                grid=(cdiv(rows, block_r), batch),
-                reads=("x", "cos", "sin", rows, seqlen, heads, half, head_dim if stride_x is None else stride_x,
-                       seqlen * half if table_batched else 0),
-                writes=("y",),
-                constexprs=dict(BLOCK_R=block_r, BLOCK=block, INTERLEAVED=interleaved, CONJUGATE=conjugate),
-                num_warps=warps,
-            ),
+        launch = Launch(
+            rotary_kernel,
+            grid=(cdiv(rows, block_r), batch),
+            reads=("x", "cos", "sin", rows, seqlen, heads, half, head_dim if stride_x is None else stride_x,
+                   seqlen * half if table_batched else 0),
+            writes=("y",),
+            constexprs=dict(BLOCK_R=block_r, BLOCK=block, INTERLEAVED=interleaved, CONJUGATE=conjugate),
+            num_warps=warps,
         )  # fmt: skip
+        launches = (in_units(launch, "HALF", "stride_x", "stride_table"),)
     return Plan({"x": dtype, "cos": table_dtype, "sin": table_dtype}, buffers, launches, ("y",))
 
 
@@ -150,13 +154,15 @@ def bad_inputs(kwargs) -> list[BadInput]:
 
 
 def plans(target: Target):
+    """Each head-dim bucket with compact rows (UNIT = 16 from head dim 32 on) and padded ones (stride d + 2: UNIT 1)."""
     for dtype in FLOAT_DTYPES:
         for table_dtype in sorted({dtype, "float32"}):
             for d in (2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 512):
                 for interleaved in (False, True):
                     for conjugate in (False, True):
-                        yield rotate(1, 8, 4, 2, d, dtype=dtype, table_dtype=table_dtype, interleaved=interleaved,
-                                     conjugate=conjugate, target=target)  # fmt: skip
+                        for stride_x in (None, d + 2):
+                            yield rotate(1, 8, 4, 2, d, dtype=dtype, table_dtype=table_dtype, interleaved=interleaved,
+                                         conjugate=conjugate, target=target, stride_x=stride_x)  # fmt: skip
 
 
 INFO = register(

@@ -17,16 +17,19 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target
+from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, in_units
 from .registry import BadInput, Cost, OpInfo, register, round_to
 from .rows import online_max_sum_step, online_max_sum_total, row_block, row_op_plans
 
 NAME = "softmax"
+# The row width and strides are passed in units of 16 elements where they all divide (plan.in_units) and multiplied
+# back by UNIT first: rows then start 16-byte aligned and the loads and stores vectorize under jax-triton too.
 
 
 @triton.jit
-def softmax_fwd_kernel(X, N, stride_x, Y, BLOCK_N: tl.constexpr, ONE_BLOCK: tl.constexpr):
+def softmax_fwd_kernel(X, N, stride_x, Y, BLOCK_N: tl.constexpr, ONE_BLOCK: tl.constexpr, UNIT: tl.constexpr):
     """Grid (rows,): one program per row."""
+    N, stride_x = N * UNIT, stride_x * UNIT
     row = tl.program_id(0).to(tl.int64)
     x_ptr, y_ptr = X + row * stride_x, Y + row * N
     if ONE_BLOCK:
@@ -51,8 +54,11 @@ def softmax_fwd_kernel(X, N, stride_x, Y, BLOCK_N: tl.constexpr, ONE_BLOCK: tl.c
 
 
 @triton.jit
-def softmax_bwd_kernel(Y, DY, N, stride_y, stride_dy, DX, BLOCK_N: tl.constexpr, ONE_BLOCK: tl.constexpr):
+def softmax_bwd_kernel(
+    Y, DY, N, stride_y, stride_dy, DX, BLOCK_N: tl.constexpr, ONE_BLOCK: tl.constexpr, UNIT: tl.constexpr
+):
     """Grid (rows,): one program per row."""
+    N, stride_y, stride_dy = N * UNIT, stride_y * UNIT, stride_dy * UNIT
     row = tl.program_id(0).to(tl.int64)
     y_ptr, dy_ptr, dx_ptr = Y + row * stride_y, DY + row * stride_dy, DX + row * N
     if ONE_BLOCK:
@@ -88,20 +94,22 @@ def check(x, dim=-1) -> int:
     return checks.normalize_dim(NAME, dim, len(x.shape))
 
 
-def _row_plan(kernel, rows: int, n: int, dtype: str, reads: tuple, out: str, target: Target) -> Plan:
+def _row_plan(kernel, rows: int, n: int, dtype: str, reads: tuple, units: tuple, out: str, target: Target) -> Plan:
+    """`units`: the kernel's int arguments passed in units (its row width and strides)."""
     empty = rows * n == 0
     buffers = {out: BufferSpec((rows, n), dtype, zeroed=empty)}
     launches = ()
     if not empty:
         block, one_block, warps = row_block(n, target)
         constexprs = dict(BLOCK_N=block, ONE_BLOCK=one_block)
-        launches = (Launch(kernel, (rows,), reads, (out,), constexprs, num_warps=warps),)
+        launches = (in_units(Launch(kernel, (rows,), reads, (out,), constexprs, num_warps=warps), *units),)
     return Plan({r: dtype for r in reads if isinstance(r, str)}, buffers, launches, (out,))
 
 
 def forward(rows: int, n: int, *, dtype: str, target: Target, stride_x: int | None = None) -> Plan:
     """Input x (rows of n, row stride stride_x); output y (rows, n)."""
-    return _row_plan(softmax_fwd_kernel, rows, n, dtype, ("x", n, n if stride_x is None else stride_x), "y", target)
+    reads = ("x", n, n if stride_x is None else stride_x)
+    return _row_plan(softmax_fwd_kernel, rows, n, dtype, reads, ("N", "stride_x"), "y", target)
 
 
 def backward(
@@ -109,7 +117,7 @@ def backward(
 ) -> Plan:
     """Inputs y (the forward's output), dy; output dx (rows, n)."""
     reads = ("y", "dy", n, n if stride_y is None else stride_y, n if stride_dy is None else stride_dy)
-    return _row_plan(softmax_bwd_kernel, rows, n, dtype, reads, "dx", target)
+    return _row_plan(softmax_bwd_kernel, rows, n, dtype, reads, ("N", "stride_y", "stride_dy"), "dx", target)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

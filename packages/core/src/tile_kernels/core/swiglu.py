@@ -17,16 +17,19 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, next_power_of_2
+from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, register, round_to
 from .rows import row_op_plans
 
 NAME = "swiglu"
 MAX_BLOCK = 2048  # elements of a row per program
+# The row width and strides are passed in units of 16 elements where they all divide (plan.in_units) and multiplied
+# back by UNIT first: rows then start 16-byte aligned and the loads and stores vectorize under jax-triton too.
 
 
 @triton.jit
-def swiglu_fwd_kernel(GATE, UP, N, stride_gate, stride_up, Y, BLOCK_N: tl.constexpr):
+def swiglu_fwd_kernel(GATE, UP, N, stride_gate, stride_up, Y, BLOCK_N: tl.constexpr, UNIT: tl.constexpr):
+    N, stride_gate, stride_up = N * UNIT, stride_gate * UNIT, stride_up * UNIT
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -39,8 +42,9 @@ def swiglu_fwd_kernel(GATE, UP, N, stride_gate, stride_up, Y, BLOCK_N: tl.conste
 def swiglu_bwd_kernel(
     DY, GATE, UP, N, stride_dy, stride_gate, stride_up,
     DGATE, DUP,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
+    N, stride_dy, stride_gate, stride_up = N * UNIT, stride_dy * UNIT, stride_gate * UNIT, stride_up * UNIT
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -78,7 +82,8 @@ def forward(
     if not empty:
         block, warps = _launch_shape(n, target)
         reads = ("gate", "up", n, n if stride_gate is None else stride_gate, n if stride_up is None else stride_up)
-        launches = (Launch(swiglu_fwd_kernel, (rows, cdiv(n, block)), reads, ("y",), {"BLOCK_N": block}, warps),)
+        launch = Launch(swiglu_fwd_kernel, (rows, cdiv(n, block)), reads, ("y",), {"BLOCK_N": block}, warps)
+        launches = (in_units(launch, "N", "stride_gate", "stride_up"),)
     return Plan({"gate": dtype, "up": dtype}, buffers, launches, ("y",))
 
 
@@ -93,10 +98,9 @@ def backward(
     if not empty:
         block, warps = _launch_shape(n, target)
         strides = tuple(n if s is None else s for s in (stride_dy, stride_gate, stride_up))
-        launches = (
-            Launch(swiglu_bwd_kernel, (rows, cdiv(n, block)), ("dy", "gate", "up", n) + strides, ("dgate", "dup"),
-                   {"BLOCK_N": block}, warps),
-        )  # fmt: skip
+        launch = Launch(swiglu_bwd_kernel, (rows, cdiv(n, block)), ("dy", "gate", "up", n) + strides,
+                        ("dgate", "dup"), {"BLOCK_N": block}, warps)  # fmt: skip
+        launches = (in_units(launch, "N", "stride_dy", "stride_gate", "stride_up"),)
     return Plan({"dy": dtype, "gate": dtype, "up": dtype}, buffers, launches, ("dgate", "dup"))
 
 
