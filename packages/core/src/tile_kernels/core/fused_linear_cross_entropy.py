@@ -45,7 +45,7 @@ import triton.language as tl
 
 from . import checks
 from . import cross_entropy as ce
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Gemm, Launch, Plan, Target, cdiv, dtype_name, rows
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Gemm, Launch, Plan, Target, cdiv, dtype_name, in_units, rows
 from .registry import BadInput, Cost, OpInfo, register, round_to
 from .rows import WIDTH_BUCKETS
 
@@ -57,9 +57,11 @@ SCALE_BLOCK = 4096
 
 
 @triton.jit
-def scale_kernel(X, DLOSS, COUNT, n, OUT, BLOCK: tl.constexpr, MEAN: tl.constexpr):
+def scale_kernel(X, DLOSS, COUNT, n, OUT, BLOCK: tl.constexpr, MEAN: tl.constexpr, UNIT: tl.constexpr):
     """OUT[i] = X[i] * g over n elements (OUT may be X): g = dloss, or dloss / count for a mean (0 if count is 0:
-    then every row was ignored and X is 0)."""
+    then every row was ignored and X is 0). n in units of UNIT elements (plan.in_units: jax-triton does not specialize
+    ints), multiplied back first so that the mask is known constant over 16-element vectors."""
+    n = n * UNIT
     g = tl.load(DLOSS).to(tl.float32)
     if MEAN:
         count = tl.load(COUNT)
@@ -206,8 +208,8 @@ def scale_gradients(n_hidden: int, n_weight: int, *, dtype: str, reduction: str,
     """Reduction sum/mean: inputs dloss (1,), count (1,), dhidden and dweight (the forward's unscaled gradients, of
     n_hidden and n_weight elements), which are scaled in place and returned."""
     steps = tuple(
-        Launch(scale_kernel, grid=(cdiv(n, SCALE_BLOCK),), reads=(name, "dloss", "count", n), writes=(name,),
-               constexprs=dict(BLOCK=SCALE_BLOCK, MEAN=reduction == "mean"), num_warps=8)
+        in_units(Launch(scale_kernel, grid=(cdiv(n, SCALE_BLOCK),), reads=(name, "dloss", "count", n), writes=(name,),
+                        constexprs=dict(BLOCK=SCALE_BLOCK, MEAN=reduction == "mean"), num_warps=8), "n")
         for name, n in (("dhidden", n_hidden), ("dweight", n_weight))
         if n > 0
     )  # fmt: skip

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, next_power_of_2
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
 from .registry import BadInput, Cost, round_to
 from .rows import MAX_ROW_BLOCK, WIDTH_BUCKETS, programs_per_problem, row_block, sum_partials
 
@@ -60,6 +60,9 @@ BACKWARD_STATS_PROGRAMS_PER_SM = {
     (False, True, False): 4, (False, True, True): 2,
 }  # fmt: skip
 SEGMENT_SUMS_BLOCK = 64  # per-row partial sums read per step
+# The kernels take the row width N and the strides in units of UNIT elements (plan.in_units: jax-triton does not
+# specialize int arguments) and multiply them back first: rows then start 16-byte aligned and loads and stores
+# vectorize under every launcher.
 
 
 @triton.jit
@@ -94,8 +97,10 @@ def norm_fwd_kernel(
     X, R, W, B, eps, rows, N, stride_x, stride_r, stride_w,
     Y, H, MEAN, RSTD,
     IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (rows, batch): one program per row, the row (up to BLOCK_N elements) in registers."""
+    N, stride_x, stride_r, stride_w = N * UNIT, stride_x * UNIT, stride_r * UNIT, stride_w * UNIT
     eps = tl.cast(eps, tl.float32)  # torch.compile passes floats as fp64
     b = tl.program_id(1).to(tl.int64)
     row = b * rows + tl.program_id(0)
@@ -129,11 +134,12 @@ def _segment(S, rows, REVERSE: tl.constexpr):
 def norm_fwd_stats_kernel(
     X, R, rows, N, stride_x, stride_r,
     H, PARTIAL,
-    IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Split forward, step 1. Grid (S * rows, batch), S = cdiv(N, BLOCK_N) segments a row: h = x (+ residual) over one
     segment, stored with a residual, and the segment's sums PARTIAL[row, s] = (sum(h^2), unused) for rms_norm,
     (sum(h), sum((h - segment mean)^2)) for layer_norm (exact two-pass sums: the segment is in registers)."""
+    N, stride_x, stride_r = N * UNIT, stride_x * UNIT, stride_r * UNIT
     S = tl.cdiv(N, BLOCK_N)
     _, row, s = _segment(S, rows, False)
     cols = s * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -178,11 +184,12 @@ def _row_stats_of_segments(P, S, N, eps, IS_RMS: tl.constexpr, SEGMENT: tl.const
 def norm_fwd_apply_kernel(
     SRC, W, B, PARTIAL, eps, rows, N, stride_src, stride_w,
     Y, MEAN, RSTD,
-    IS_RMS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    IS_RMS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Split forward, step 2. Grid as step 1, rows last first (the h that step 1 wrote last is still in L2): the
     row's (mean, rstd) from its PARTIAL sums (stored by segment 0's program), and y over one segment of SRC (h, or x
     without a residual)."""
+    N, stride_src, stride_w = N * UNIT, stride_src * UNIT, stride_w * UNIT
     eps = tl.cast(eps, tl.float32)  # torch.compile passes floats as fp64
     S = tl.cdiv(N, BLOCK_N)
     b, row, s = _segment(S, rows, True)
@@ -223,9 +230,12 @@ def norm_bwd_kernel(
     DY, H, W, MEAN, RSTD, DH, rows, N, stride_dy, stride_h, stride_w, stride_dh,
     DX, DW_PARTIAL, DB_PARTIAL,
     IS_RMS: tl.constexpr, HAS_DH: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (G, batch): program g handles rows g, g + G, ... of its problem, each in registers (up to BLOCK_N
     elements), and writes DW/DB_PARTIAL[b, g, :]."""
+    N, stride_dy, stride_h, stride_w, stride_dh = (N * UNIT, stride_dy * UNIT, stride_h * UNIT, stride_w * UNIT,
+                                                   stride_dh * UNIT)  # fmt: skip
     g = tl.program_id(0)
     G = tl.num_programs(0)
     b = tl.program_id(1).to(tl.int64)
@@ -278,12 +288,13 @@ def _load_tile(DY, H, MEAN, RSTD, r, end, stride_dy, stride_h, cols, cmask, IS_R
 def norm_bwd_stats_kernel(
     DY, H, W, MEAN, RSTD, rows, N, group_rows, stride_dy, stride_h, stride_w,
     PARTIAL, DW_PARTIAL, DB_PARTIAL,
-    IS_RMS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_RMS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Split backward, step 1. Grid (C * G, batch), C = cdiv(N, BLOCK_N) column chunks, G groups of group_rows rows:
     program (g, c) reads h and dy of its group's rows over chunk c once, BLOCK_M rows at a time (the next tile's loads
     in flight while this one reduces). Per row PARTIAL[row, c] = (sum(xhat * w * dy), sum(w * dy)); over its rows
     DW_PARTIAL[g, cols] = sum(dy * xhat), DB_PARTIAL[g, cols] = sum(dy) (xhat from the forward's mean and rstd)."""
+    N, stride_dy, stride_h, stride_w = N * UNIT, stride_dy * UNIT, stride_h * UNIT, stride_w * UNIT
     C = tl.cdiv(N, BLOCK_N)
     G = tl.num_programs(0) // C
     c = tl.program_id(0) % C
@@ -322,13 +333,15 @@ def norm_bwd_stats_kernel(
 def norm_bwd_apply_kernel(
     DY, H, W, MEAN, RSTD, DH, PARTIAL, rows, N, chunks, group_rows, stride_dy, stride_h, stride_w, stride_dh,
     DX,
-    IS_RMS: tl.constexpr, HAS_DH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    IS_RMS: tl.constexpr, HAS_DH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Split backward, step 2. Grid (S * G * group_rows, batch), S = cdiv(N, BLOCK_N) segments a row, step 1's G groups
     of group_rows rows: dx over one segment of a row, from the row's sums over step 1's `chunks` chunks:
         dx = rstd * (w * dy - xhat * sum(xhat * w * dy) / N - sum(w * dy) / N) (+ dh)
     Step 1's programs end on the last rows of their groups, whose h and dy are then still in L2: this grid visits the
     rows group tails first (programs past the last row of a short last group do nothing)."""
+    N, stride_dy, stride_h, stride_w, stride_dh = (N * UNIT, stride_dy * UNIT, stride_h * UNIT, stride_w * UNIT,
+                                                   stride_dh * UNIT)  # fmt: skip
     S = tl.cdiv(N, BLOCK_N)
     G = tl.cdiv(rows, group_rows)
     s = tl.program_id(0) % S
@@ -388,7 +401,7 @@ def forward(
     elif n <= MAX_ROW_BLOCK:
         block = next_power_of_2(n)
         launches = (
-            Launch(
+            in_units(Launch(
                 norm_fwd_kernel,
                 grid=(rows, batch),
                 reads=("x", "residual" if has_residual else None, "weight", "bias" if has_bias else None, eps,
@@ -396,22 +409,22 @@ def forward(
                 writes=("y", "h" if has_residual else None, None if is_rms else "mean", "rstd"),
                 constexprs=dict(**flags, BLOCK_N=block),
                 num_warps=_warps(block, target),
-            ),
+            ), "N", "stride_x", "stride_r", "stride_w"),
         )  # fmt: skip
     else:  # split rows: segment statistics, then normalize (see the module docstring)
         segments = cdiv(n, SPLIT_BLOCK)
         buffers["partial"] = BufferSpec((batch, rows, segments, 2), "float32")
         warps = _warps(SPLIT_BLOCK, target)
         launches = (
-            Launch(
+            in_units(Launch(
                 norm_fwd_stats_kernel,
                 grid=(segments * rows, batch),
                 reads=("x", "residual" if has_residual else None, rows, n, stride_x, stride_r),
                 writes=("h" if has_residual else None, "partial"),
                 constexprs=dict(IS_RMS=is_rms, HAS_RESIDUAL=has_residual, BLOCK_N=SPLIT_BLOCK),
                 num_warps=warps,
-            ),
-            Launch(
+            ), "N", "stride_x", "stride_r"),
+            in_units(Launch(
                 norm_fwd_apply_kernel,
                 grid=(segments * rows, batch),
                 reads=("h" if has_residual else "x", "weight", "bias" if has_bias else None, "partial", eps, rows, n,
@@ -419,7 +432,7 @@ def forward(
                 writes=("y", None if is_rms else "mean", "rstd"),
                 constexprs=dict(IS_RMS=is_rms, HAS_BIAS=has_bias, BLOCK_N=SPLIT_BLOCK, BLOCK_S=SEGMENT_SUMS_BLOCK),
                 num_warps=warps,
-            ),
+            ), "N", "stride_src", "stride_w"),
         )  # fmt: skip
     inputs = {"x": x_dtype, "weight": weight_dtype}
     inputs |= ({"bias": weight_dtype} if has_bias else {}) | ({"residual": x_dtype} if has_residual else {})
@@ -451,14 +464,14 @@ def backward(
         programs = programs_per_problem(rows, target, waves=max(1, min(32, 2048 // (warps * target.warp_size))))
         buffers |= {p: BufferSpec((batch, programs, n), "float32") for p in partials}
         launches = (
-            Launch(
+            in_units(Launch(
                 norm_bwd_kernel,
                 grid=(programs, batch),
                 reads=stats + ("dh" if has_dh else None, rows, n, *strides, stride_dh),
                 writes=("dx", partials[0], partials[1] if has_bias else None),
                 constexprs=dict(IS_RMS=is_rms, HAS_DH=has_dh, HAS_BIAS=has_bias, BLOCK_N=block),
                 num_warps=warps,
-            ),
+            ), "N", "stride_dy", "stride_h", "stride_w", "stride_dh"),
         ) + tuple(sum_partials(p, name, batch, programs, n) for p, name in zip(partials, grads))  # fmt: skip
     else:  # split rows: row sums and weight-gradient partials, then dx (see the module docstring)
         tile_rows, tile_cols = BACKWARD_STATS_TILE
@@ -471,15 +484,15 @@ def backward(
         buffers["row_partial"] = BufferSpec((batch, rows, chunks, 2), "float32")
         buffers |= {p: BufferSpec((batch, groups, n), "float32") for p in partials}
         launches = (
-            Launch(
+            in_units(Launch(
                 norm_bwd_stats_kernel,
                 grid=(chunks * groups, batch),
                 reads=stats + (rows, n, group_rows, *strides),
                 writes=("row_partial", partials[0], partials[1] if has_bias else None),
                 constexprs=dict(IS_RMS=is_rms, HAS_BIAS=has_bias, BLOCK_M=tile_rows, BLOCK_N=tile_cols),
                 num_warps=_warps(tile_rows * tile_cols, target),
-            ),
-            Launch(
+            ), "N", "stride_dy", "stride_h", "stride_w"),
+            in_units(Launch(
                 norm_bwd_apply_kernel,
                 grid=(segments * groups * group_rows, batch),
                 reads=stats + ("dh" if has_dh else None, "row_partial", rows, n, chunks, group_rows, *strides,
@@ -487,7 +500,7 @@ def backward(
                 writes=("dx",),
                 constexprs=dict(IS_RMS=is_rms, HAS_DH=has_dh, BLOCK_N=SPLIT_BLOCK, BLOCK_C=SEGMENT_SUMS_BLOCK),
                 num_warps=_warps(SPLIT_BLOCK, target),
-            ),
+            ), "N", "stride_dy", "stride_h", "stride_w", "stride_dh"),
         ) + tuple(sum_partials(p, name, batch, groups, n) for p, name in zip(partials, grads))  # fmt: skip
     inputs = {"dy": x_dtype, "h": x_dtype, "weight": weight_dtype} | ({} if is_rms else {"mean": "float32"})
     inputs |= {"rstd": "float32"} | ({"dh": x_dtype} if has_dh else {})

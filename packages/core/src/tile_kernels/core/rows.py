@@ -11,15 +11,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .plan import FLOAT_DTYPES, Launch, Target, cdiv, next_power_of_2
+from .plan import FLOAT_DTYPES, Launch, Target, cdiv, in_units, next_power_of_2
 
 MAX_ROW_BLOCK = 16384  # elements held in registers per row (fp32 after upcast: 64 KiB per tensor per program)
 WIDE_ROW_BLOCK = 4096  # chunk of a streamed row
 ELEMENTS_PER_THREAD = 8  # one 16-byte vector of bf16 per thread per tensor
 MAX_WARPS = 16  # 1024 threads on a 64-wide wavefront machine
-# one width per BLOCK_N bucket of the in-register path (1, 2, 4, ..., 16384) and one streamed (or split) width: the
+# one width per BLOCK_N bucket of the in-register path (1, 2, 4, ..., 16384) and one streamed (or split) width, each
+# also as a multiple of 16 where the bucket holds one (listed first: launched with UNIT = 16, plan.in_units): the
 # row-wise ops' ahead-of-time compile matrix covers every configuration their heuristics can choose
-WIDTH_BUCKETS = (1,) + tuple(2**k + 1 for k in range(14)) + (4 * MAX_ROW_BLOCK + 1,)
+WIDTH_BUCKETS = (1, 2, 3, 5) + tuple(w for k in range(4, 15) for w in (2**k, 2 ** (k - 1) + 1))
+WIDTH_BUCKETS += (4 * MAX_ROW_BLOCK, 4 * MAX_ROW_BLOCK + 1)
 
 
 def row_block(n: int, target: Target, max_block: int = MAX_ROW_BLOCK) -> tuple[int, bool, int]:
@@ -66,8 +68,11 @@ def sum_partials_kernel(
     OUT,  # (B, N)
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    UNIT: tl.constexpr,
 ):
-    """OUT[b, n] = sum_g PARTIAL[b, g, n]; grid (cdiv(N, BLOCK_N), B)."""
+    """OUT[b, n] = sum_g PARTIAL[b, g, n]; grid (cdiv(N, BLOCK_N), B). N in units of UNIT elements (plan.in_units:
+    jax-triton does not specialize ints), multiplied back first so that the rows are known 16-byte aligned."""
+    N = N * UNIT
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     b = tl.program_id(1).to(tl.int64)
     acc = tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32)
@@ -81,7 +86,7 @@ def sum_partials_kernel(
 def sum_partials(partial: str, out: str, batch: int, programs: int, n: int) -> Launch:
     """Launch that reduces a (batch, programs, n) fp32 partial buffer to (batch, n)."""
     block_n = min(256, next_power_of_2(n))
-    return Launch(
+    launch = Launch(
         sum_partials_kernel,
         grid=(cdiv(n, block_n), batch),
         reads=(partial, programs, n),
@@ -89,3 +94,4 @@ def sum_partials(partial: str, out: str, batch: int, programs: int, n: int) -> L
         constexprs=dict(BLOCK_G=16, BLOCK_N=block_n),
         num_warps=4,
     )
+    return in_units(launch, "N")
