@@ -111,9 +111,10 @@ def in_units(launch: Launch, *names: str) -> Launch:
     params = launch.kernel.arg_names
     positions = [params.index(name) for name in names]
     values = [launch.reads[i] for i in positions]
-    if not all(isinstance(v, int) for v in values):
+    if any(isinstance(v, (bool, float)) or not hasattr(v, "__index__") for v in values):  # ints or torch SymInts
         raise TypeError(f"{launch.kernel.__name__}: {names} must be int arguments, got {values}")
-    unit = ALIGN if all(v % ALIGN == 0 for v in values) else 1
+    # a value that would pass as i64 stays as it is: its quotient could pass as i32 and overflow when multiplied back
+    unit = ALIGN if all(v % ALIGN == 0 and abs(v) < 2**31 for v in values) else 1
     reads = list(launch.reads)
     for i in positions:
         reads[i] //= unit
