@@ -35,6 +35,9 @@ TORCH_GROUP = "torch-distributed" if DEVICE == "cpu" else "gpus-distributed"
 
 def _environment() -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, *ROOTS, os.environ.get("PYTHONPATH", "")])}
+    # the scripts import the suite's conftest (through test_ops), which pins an xdist worker to one GPU by this name:
+    # left in, every subprocess would see GPU 0 only (JAX found one device; torch's rank 1 had no cuda:1 and hung)
+    env.pop("PYTEST_XDIST_WORKER", None)
     if DEVICE == "gpu":  # the subprocesses see every GPU (conftest pins this worker to one)
         var = "HIP_VISIBLE_DEVICES" if os.environ.get("TILE_KERNELS_GPU_VENDOR") == "rocm" else "CUDA_VISIBLE_DEVICES"
         env[var] = ",".join(str(i) for i in range(GPUS))
