@@ -70,6 +70,7 @@ def build_decode_step(
     seed: int | None = None,
     debug: bool = False,
     timeout_s: float = 1.0,
+    tile_budget: int | None = None,
 ) -> DecodeStep:
     """Builds the task graph, schedules it on `num_sms` queues (default: the GPU's SM count, or 132 on a CPU), checks
     the schedule, and returns the step. `tiling` defaults to Tiling.auto; `context_hint` (default max_seq) only
@@ -79,8 +80,9 @@ def build_decode_step(
     backend="triton": the persistent kernel, one launch a step; weights on a CUDA GPU (grid = num_sms, cooperative
     launch), or on the CPU with TRITON_INTERPRET=1 (Triton's interpreter, grid=(1,), one queue holding every task in
     a legal order). debug=True arms the watchdog: a wait longer than `timeout_s` aborts the step and the call raises a
-    RuntimeError naming the stuck task and counter (each call then synchronizes). backend="interpreter": the
-    reference interpreter of the same graph and schedule (CPU tensors)."""
+    RuntimeError naming the stuck task and counter (each call then synchronizes). `tile_budget` (default
+    kernel.TILE_BUDGET) is the elements of a GEMV weight tile (Megakernel). backend="interpreter": the reference
+    interpreter of the same graph and schedule (CPU tensors)."""
     if backend not in BACKENDS:
         raise ValueError(f"build_decode_step: backend must be one of {BACKENDS}, got {backend!r}")
     if isinstance(config, dict):
@@ -116,6 +118,7 @@ def build_decode_step(
     if backend == "triton":
         from .kernel import Megakernel
 
-        kernel = Megakernel(graph, sched, packed, device, debug=debug, timeout_s=timeout_s, seed=seed)
+        options = {} if tile_budget is None else {"tile_budget": tile_budget}
+        kernel = Megakernel(graph, sched, packed, device, debug=debug, timeout_s=timeout_s, seed=seed, **options)
         packed = None  # the kernel holds its own copy (the weight arena)
     return DecodeStep(config, graph, sched, packed, backend, seed, kernel)

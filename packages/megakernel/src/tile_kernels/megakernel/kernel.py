@@ -35,14 +35,15 @@ bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor ~460 us on an H200
 sm_90, and where a row is not a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
-  QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in BK chunks into a (BN, BK)
-         fp32 accumulator reduced once after the loop, the next weight tile loaded before the current one is
-         multiplied (Triton pipelines no load that feeds no dot). QKV and GATEUP normalize their input on the fly
-         (r = rsqrt(mean(v^2) + eps) from one pass over the hidden vector, then each chunk times r and the norm
-         weight: no NORM task, no hop). OPROJ combines the attention partials of all splits HPC_O heads at a time
-         along its K (a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, one exp a split and head; every OPROJ task
-         recomputes it from L2: S x Hq x (D + 2) floats, which bigger O tiles or fewer KV splits make cheaper). DOWN
-         and OPROJ add the residual rows; GATEUP streams its two matrices in one loop.
+  QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in (BN, BK) weight tiles of
+         tile_budget elements, each reduced at once into a (BN,) fp32 accumulator, the next tile loaded before the
+         current one is multiplied (Triton pipelines no load that feeds no dot; _gemv gives the design). QKV and
+         GATEUP normalize their input on the fly (r = rsqrt(mean(v^2) + eps) from one pass over the hidden vector,
+         then each chunk times r and the norm weight: no NORM task, no hop). OPROJ combines the attention partials
+         of all splits HPC_O heads at a time along its K (a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, one exp
+         a split and head; every OPROJ task recomputes it from L2: S x Hq x (D + 2) floats, which bigger O tiles or
+         fewer KV splits make cheaper). DOWN and OPROJ add the residual rows; GATEUP streams its two matrices in one
+         loop.
   ATTN   group g, split s: rotates the group's q heads and k_g (the two rotary halves kept apart, cos/sin read from a
          (max_seq, D/2) table computed in float64 at build: fp32 angles lose ~1e-2 rad at position 1e5); split 0
          writes the new KV cache row and starts its online softmax from the new token in registers (rounded to the
@@ -85,6 +86,7 @@ NF = tl.constexpr(len(TASK_FIELDS))
 ALIGN = tl.constexpr(64)  # elements: every buffer's offset in its arena (128-byte lines for 16-bit weights)
 ERR_FIELDS = ("flag", "program", "task", "counter", "value", "expected")
 PERSISTENT, STAGED = 0, 1  # MODE: one program per SM walking its queue / one program per task of one stage
+TILE_BUDGET = 16384  # elements of a weight tile (Megakernel's tile_budget): 32 KB of bf16, two in flight (_gemv)
 
 
 # ------------------------------------------------------------------------------------- PTX helpers (GPU path only)
@@ -164,20 +166,42 @@ def _wtile(W, rows, hi, K, k0, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _norm_chunk(XIN, A, OFFS, buf: tl.constexpr, layer, NL1, wn, H, k0, BLOCK_K: tl.constexpr):
+    """Elements [k0, k0 + BLOCK_K) of the activation vector `buf` and of the norm weight wn, as loaded (QKV and
+    GATEUP multiply them by r when they use them, a tile later)."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    return _vec(XIN, A, OFFS, buf, layer, NL1, cols, cols < H), tl.load(wn + cols, mask=cols < H, other=0.0)
+
+
+@triton.jit
 def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """rows [lo, hi) of the row-major (., K) matrix W times the float32 vector X: fp32 (BLOCK_N,), masked past hi.
-    The next weight tile is loaded before this one is multiplied (two tiles in flight: Triton does not pipeline
-    loads that feed no dot); the accumulator keeps the tile's shape and is reduced once after the loop."""
+
+    Design (QKV, GATEUP and OPROJ run the same loop inline). Batch 1 is bandwidth-bound with one CTA an SM, so what
+    matters is the weight bytes in flight per SM (Little's law: ~32 GB/s an SM at ~1 us loaded latency needs 32 KB+
+    in flight at all times). The next (BLOCK_N, BLOCK_K) tile is loaded, as 16-byte vectors, before the current one
+    is multiplied (Triton pipelines no load that feeds no dot): two tiles of Megakernel's tile_budget elements in
+    flight, and the vector's next chunk with its tile (an L2 round trip for it at each iteration would bound the
+    iteration once the L2 prefetch has brought the weights). Each product tile is reduced at once into a (BLOCK_N,)
+    accumulator (in-thread adds, warp shuffles, a shared-memory step where BLOCK_K spans several warps), so the
+    registers hold the two weight tiles and no tile-shaped fp32 accumulator: budget / (32 x num_warps) a thread for
+    16-bit weights (64 at 16384 elements and 8 warps; the 8192 budget's tile-shaped accumulator took 64 too).
+    Limits: while a tile is multiplied only the next one is in flight, and none between tasks (waits, store, signal),
+    which the L2 prefetch is there to cover; the whole kernel's registers (~240 at 16384, the max over every body
+    plus what is hoisted out of the queue loop) spill at 32768; tasks of few rows make BLOCK_K long, so the per-tile
+    reduction crosses warps; a K not a multiple of BLOCK_K masks part of the last tile."""
     rows = lo + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N,), tl.float32)
     w = _wtile(W, rows, hi, K, 0, BLOCK_K)
+    x = tl.load(X + cols, mask=cols < K, other=0.0, cache_modifier=".cg")
     for k0 in range(0, K, BLOCK_K):
         w_next = _wtile(W, rows, hi, K, k0 + BLOCK_K, BLOCK_K)
-        cols = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(X + cols, mask=cols < K, other=0.0, cache_modifier=".cg")
-        acc += w.to(tl.float32) * x[None, :]
+        x_next = tl.load(X + k0 + BLOCK_K + cols, mask=k0 + BLOCK_K + cols < K, other=0.0, cache_modifier=".cg")
+        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         w = w_next
-    return tl.sum(acc, axis=1)
+        x = x_next
+    return acc
 
 
 @triton.jit
@@ -257,20 +281,17 @@ def _task(
         wqkv = _ptr(W, OFFS, B_WQKV, layer, NL1)
         wn = _ptr(W, OFFS, B_WAN, layer, NL1)
         rows = lo + tl.arange(0, BN_QKV)
-        acc = tl.zeros((BN_QKV, BK_QKV), tl.float32)
+        acc = tl.zeros((BN_QKV,), tl.float32)
         w = _wtile(wqkv, rows, hi, H, 0, BK_QKV)
+        v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, 0, BK_QKV)
         for k0 in range(0, H, BK_QKV):  # as _gemv, the input normalized chunk by chunk
             w_next = _wtile(wqkv, rows, hi, H, k0 + BK_QKV, BK_QKV)
-            cols = k0 + tl.arange(0, BK_QKV)
-            cm = cols < H
-            n = (
-                _vec(XIN, A, OFFS, B_X, layer, NL1, cols, cm)
-                * r
-                * tl.load(wn + cols, mask=cm, other=0.0).to(tl.float32)
-            )
-            acc += w.to(tl.float32) * n[None, :]
+            v_next, g_next = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, k0 + BK_QKV, BK_QKV)
+            acc += tl.sum(w.to(tl.float32) * (v * r * g.to(tl.float32))[None, :], axis=1)
             w = w_next
-        tl.store(_ptr(A, OFFS, B_QKV, layer, NL1) + rows, tl.sum(acc, axis=1), mask=rows < hi)
+            v = v_next
+            g = g_next
+        tl.store(_ptr(A, OFFS, B_QKV, layer, NL1) + rows, acc, mask=rows < hi)
     elif kind == 1:  # ATTN of group g = lo, split s (graph.py): rope, the new KV row, (o, m, l) over the split
         i = tl.arange(0, BLOCK_DH)  # the two rotary halves are kept apart: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)
         im = i < D // 2
@@ -334,7 +355,7 @@ def _task(
         wo = _ptr(W, OFFS, B_WO, layer, NL1)
         sp = tl.arange(0, BLOCK_S)[:, None]
         d = tl.arange(0, 2 * BLOCK_DH)[None, None, :]
-        acc = tl.zeros((BN_O, HPC_O, 2 * BLOCK_DH), tl.float32)
+        acc = tl.zeros((BN_O,), tl.float32)
         wmask = (rows < hi) & (d < D)
         hh = tl.arange(0, HPC_O)[None, :, None]
         w = tl.load(wo + rows * QD + hh * D + d, mask=wmask & (hh < HQ), other=0.0)
@@ -352,37 +373,34 @@ def _task(
             scale = tl.exp(m - tl.max(m, axis=0)[None, :])
             o = tl.load(rec[:, :, None] + d, mask=sm[:, :, None] & (d < D), other=0.0, cache_modifier=".cg")
             a = tl.sum(scale[:, :, None] * o, axis=0) / tl.sum(scale * ell, axis=0)[:, None]  # (heads, D)
-            acc += w.to(tl.float32) * a[None, :, :]
+            acc += tl.sum(tl.sum(w.to(tl.float32) * a[None, :, :], axis=2), axis=1)
             w = w_next
         rows = lo + tl.arange(0, BN_O)
         res = _vec(XIN, A, OFFS, B_X, layer, NL1, rows, rows < hi)
-        tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + tl.sum(tl.sum(acc, axis=2), axis=1), mask=rows < hi)
+        tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + acc, mask=rows < hi)
     elif kind == 3:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] m) * (Wu[lo:hi] m), m = h r w_mlp, r = rsqrt(mean(h^2) + eps)
         r = _rms_scale(XIN, A, OFFS, B_H, layer, NL1, H, eps, BLOCK_H)
         wg = _ptr(W, OFFS, B_WG, layer, NL1)
         wu = _ptr(W, OFFS, B_WU, layer, NL1)
         wn = _ptr(W, OFFS, B_WMN, layer, NL1)
         rows = lo + tl.arange(0, BN_GU)
-        acc_g = tl.zeros((BN_GU, BK_GU), tl.float32)
-        acc_u = tl.zeros((BN_GU, BK_GU), tl.float32)
+        acc_g = tl.zeros((BN_GU,), tl.float32)
+        acc_u = tl.zeros((BN_GU,), tl.float32)
         tg = _wtile(wg, rows, hi, H, 0, BK_GU)
         tu = _wtile(wu, rows, hi, H, 0, BK_GU)
+        v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, 0, BK_GU)
         for k0 in range(0, H, BK_GU):  # as _gemv, both matrices in one loop, the input normalized chunk by chunk
             tg_next = _wtile(wg, rows, hi, H, k0 + BK_GU, BK_GU)
             tu_next = _wtile(wu, rows, hi, H, k0 + BK_GU, BK_GU)
-            cols = k0 + tl.arange(0, BK_GU)
-            cm = cols < H
-            n = (
-                _vec(XIN, A, OFFS, B_H, layer, NL1, cols, cm)
-                * r
-                * tl.load(wn + cols, mask=cm, other=0.0).to(tl.float32)
-            )
-            acc_g += tg.to(tl.float32) * n[None, :]
-            acc_u += tu.to(tl.float32) * n[None, :]
+            v_next, g_next = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, k0 + BK_GU, BK_GU)
+            n = v * r * g.to(tl.float32)
+            acc_g += tl.sum(tg.to(tl.float32) * n[None, :], axis=1)
+            acc_u += tl.sum(tu.to(tl.float32) * n[None, :], axis=1)
             tg = tg_next
             tu = tu_next
-        g = tl.sum(acc_g, axis=1)
-        tl.store(_ptr(A, OFFS, B_ACT, layer, NL1) + rows, g * tl.sigmoid(g) * tl.sum(acc_u, axis=1), mask=rows < hi)
+            v = v_next
+            g = g_next
+        tl.store(_ptr(A, OFFS, B_ACT, layer, NL1) + rows, acc_g * tl.sigmoid(acc_g) * acc_u, mask=rows < hi)
     elif kind == 4:  # DOWN: x[l + 1][lo:hi] = h[lo:hi] + Wd[lo:hi] act (the last layer writes the step's output)
         rows = lo + tl.arange(0, BN_D)
         acc = _gemv(_ptr(W, OFFS, B_WD, layer, NL1), _ptr(A, OFFS, B_ACT, layer, NL1), lo, hi, INTER, BN_D, BK_D)
@@ -580,7 +598,11 @@ class Megakernel:
     device (TRITON_INTERPRET=1) the kernel runs in Triton's interpreter with grid=(1,) over one queue holding every
     task in a legal interleaving of the schedule's queues: the waits are then plain loads that must already be met
     (a wait that is not records the stuck task like the watchdog), so the interpreter checks the task bodies and the
-    counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs."""
+    counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs.
+
+    Launch options: `num_warps` a CTA; `prefetch` the L2 prefetch (default: on sm_90+); `tile_budget` (a power of
+    two) the elements of a GEMV weight tile, which set the BLOCK_K (and OPROJ's heads a step) of every projection:
+    _gemv keeps two tiles in flight."""
 
     def __init__(
         self,
@@ -593,6 +615,7 @@ class Megakernel:
         timeout_s: float = 1.0,
         num_warps: int = 8,
         prefetch: bool | None = None,
+        tile_budget: int = TILE_BUDGET,
         seed: int | None = None,
     ):
         import random
@@ -622,6 +645,9 @@ class Megakernel:
             )
         if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"megakernel: timeout_s must be a number > 0, got {timeout_s!r}")
+        if type(tile_budget) is not int or tile_budget < 1 or tile_budget & (tile_budget - 1):
+            raise ValueError(f"megakernel: tile_budget must be a power of two (elements), got {tile_budget!r}")
+        self.tile_budget = tile_budget
         weights = [packed[f"{b}[{layer}]"] for b in WEIGHTS for layer in range(c.num_layers)]
         self.dtype = weights[0].dtype
         nl1, align = c.num_layers + 1, ALIGN.value
@@ -673,7 +699,7 @@ class Megakernel:
                 self.stages.append((int(task.kind), task.id, 1))
         es = self.W.element_size()
         ks = (c.hidden, c.intermediate, c.q_size)
-        budget = 8192
+        budget = tile_budget
 
         def bk(bn: int, k: int) -> int:
             return max(16, min(_pow2(k), budget // bn))
