@@ -87,6 +87,16 @@ def test_outputs_round_trip(tmp_path):
     table = (tmp_path / "results.md").read_text()
     assert "| 8x512 | bfloat16 | fwd | tile-kernels | 0.001 | 3636 |" in table and "failed" in table
 
+    # a partial re-run renders over the full one: its rows replace the same rows in place, the others stay
+    rerun = [bench.Record("rms_norm", "8x512", "bfloat16", "fwd", "tile-kernels", 0.0009)]
+    bench.write(str(tmp_path / "rerun"), bench.Meta("test", "2026-11-30", {}, ceilings, "bench --op rms_norm"), rerun)
+    bench.main(["--render", str(tmp_path / "results.json"), "--render", str(tmp_path / "rerun" / "results.json"),
+                "--out", str(tmp_path / "merged")])  # fmt: skip
+    meta3, recs3 = bench.load(str(tmp_path / "merged" / "results.json"))
+    assert [(r.direction, r.impl) for r in recs3] == [(r.direction, r.impl) for r in recs]
+    assert [r.ms for r in recs3 if (r.direction, r.impl) == ("fwd", "tile-kernels")] == [0.0009]
+    assert meta3.command == "bench; bench --op rms_norm"
+
 
 @pytest.mark.skipif(not GPU, reason="needs a GPU")
 def test_small_sweep_runs_on_the_gpu(tmp_path):

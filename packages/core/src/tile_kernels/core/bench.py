@@ -328,7 +328,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--impl", action="append", help="only implementations whose name contains this (repeatable)")
     p.add_argument("--out", help="directory for results.json/.csv/.md and <op>.png")
     p.add_argument("--render", metavar="JSON", action="append",
-                   help="re-render the tables and plots of results.json files (repeatable, merged)")  # fmt: skip
+                   help="re-render the tables and plots of results.json files (repeatable, merged: a later "
+                   "file's row replaces an earlier one's of the same op, shape, dtype, direction, impl)")  # fmt: skip
     p.add_argument("--megakernel", action="store_true",
                    help="time the persistent decode-step kernel (tile_kernels.megakernel) against torch eager, CUDA "
                    "graph and CUDA graph + PDL instead of the ops; writes megakernel.json/.md under --out")  # fmt: skip
@@ -345,11 +346,14 @@ def main(argv=None) -> int:
         print(megakernel_bench.markdown(megakernel_bench.run(args.out, args.shape, args.layers)))
         return 0
     if args.render:
-        meta, recs = load(args.render[0])
-        for path in args.render[1:]:
-            more = load(path)
-            meta.command += f"; {more[0].command}"
-            recs += more[1]
+        meta, first = load(args.render[0])
+        rows = {}  # a later file's row replaces an earlier one's in place (a partial re-run updates a table)
+        for i, path in enumerate(args.render):
+            more_meta, more = (meta, first) if i == 0 else load(path)
+            if i:
+                meta.command += f"; {more_meta.command}"
+            rows |= {(r.op, r.shape, r.dtype, r.direction, r.impl): r for r in more}
+        recs = list(rows.values())
         if args.out:
             write(args.out, meta, recs)
         print(markdown(meta, recs))
