@@ -87,13 +87,16 @@ def sanitize_cuda(session):
     """The op suite under compute-sanitizer memcheck and racecheck; any report fails.
 
     dev Hypothesis profile; torch's and XLA's pooling allocators off so that out-of-bounds accesses hit unallocated
-    memory. racecheck runs the torch half: the JAX half launches the same compiled kernels."""
+    memory. racecheck runs the torch half (the JAX half launches the same compiled kernels), less
+    fused_linear_cross_entropy: cuBLAS's split-K GEMM kernels (nvjet_*_splitK) that it calls report hazards under
+    racecheck (H200, 2026-11-29); its own cross-entropy kernel runs in the cross_entropy tests."""
     env = {**_gpu_setup(session, "cuda"), "HYPOTHESIS_PROFILE": "dev", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
            "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}  # fmt: skip
     pytest = ["python3", "-m", "pytest", "-p", "no:xdist", "-x", *session.posargs]
     sanitizer = ["compute-sanitizer", "--error-exitcode", "1", "--target-processes", "all"]
     session.run(*sanitizer, "--tool", "memcheck", *pytest, "tests/test_ops.py", env=env, external=True)
-    session.run(*sanitizer, "--tool", "racecheck", *pytest, "tests/test_ops.py", "-k", "torch", env=env, external=True)
+    racecheck = [*sanitizer, "--tool", "racecheck", *pytest, "tests/test_ops.py", "-k", "torch and not fused_linear"]
+    session.run(*racecheck, env=env, external=True)
 
 
 @nox.session(venv_params=["--system-site-packages"])

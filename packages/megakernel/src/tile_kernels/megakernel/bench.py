@@ -9,10 +9,10 @@ five ways in one run on one GPU:
     per-op, CUDA graph + PDL     the same with programmatic dependent launch: each launch prefetches its weights to
                                  L2, then waits for the previous one (griddepcontrol)
 
-and variants of the megakernel that the first GPU runs learn from: no L2 prefetch; GEMV weight tiles of 8192 or 32768
-elements (tile_budget; the default is kernel.TILE_BUDGET = 16384, two tiles in flight), each with and without the L2
-prefetch; 4 warps (8192-element tiles: the same registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits;
-4x O-projection rows. Every megakernel's first launch runs under the watchdog and is compared with the eager step
+and variants of the megakernel that the GPU runs learn from: with the L2 prefetch (off by default); GEMV weight tiles
+of 8192 or 32768 elements (tile_budget; the default is kernel.TILE_BUDGET = 16384, two tiles in flight); 4 warps
+(8192-element tiles: the same registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits; 4x O-projection
+rows. Every megakernel's first launch runs under the watchdog and is compared with the eager step
 (max |error| recorded).
 
 The floor is (every layer's weights + the KV cache rows read at the context) / the measured copy bandwidth. The
@@ -138,13 +138,11 @@ def bench_shape(shape_name: str, layers: int | None = None, seed: int = 0, devic
         "per-op, CUDA graph": lambda: _graph_us(lambda: kernel.staged(x, cache, position)),
         "per-op, CUDA graph + PDL": lambda: _graph_us(lambda: kernel.staged(x, cache, position, pdl=True)),
         # what the first GPU runs should learn: the prefetch's worth, weight bytes in flight, warps, attention splits
-        "megakernel, no L2 prefetch": lambda: variant(prefetch=False),
+        "megakernel, L2 prefetch": lambda: variant(prefetch=True),
         # tile_budget: elements of a GEMV weight tile, two in flight per CTA (default 16384: 64 KB of bf16 at most)
         "megakernel, 8192-element tiles": lambda: variant(tile_budget=8192),
-        "megakernel, 8192-element tiles, no L2 prefetch": lambda: variant(tile_budget=8192, prefetch=False),
         # ptxas spills registers at 32768 (sm_90, 8 warps): whether the bytes in flight outweigh the spills
         "megakernel, 32768-element tiles": lambda: variant(tile_budget=32768),
-        "megakernel, 32768-element tiles, no L2 prefetch": lambda: variant(tile_budget=32768, prefetch=False),
         "megakernel, 4 warps, 8192-element tiles": lambda: variant(num_warps=4, tile_budget=8192),
         "megakernel, 16 warps": lambda: variant(num_warps=16),
         "megakernel, 4 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=4)),

@@ -31,8 +31,9 @@ waits for `epoch * threshold`, so no memset sits between steps (the host zeroes 
 Prefetch. Weights never depend on counters. Before spinning on task i's waits the CTA issues a bulk L2 prefetch
 (`cp.async.bulk.prefetch.L2.global`, sm_90+, PF_CHUNKS chunks, one a thread) of task i's weight rows (contiguous in
 the row-major matrices), so HBM streams them while the CTA waits and the GEMV's loads then hit L2: the step is
-bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor ~460 us on an H200). Off in the interpreter, before
-sm_90, and where a row is not a multiple of 16 bytes.
+bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor ~460 us on an H200). Opt-in (prefetch=True) in the
+persistent kernel, where it measured slower on the H200 (Megakernel); always on in the per-op launches; never in the
+interpreter, before sm_90, or where a row is not a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in (BN, BK) weight tiles of
@@ -600,9 +601,9 @@ class Megakernel:
     (a wait that is not records the stuck task like the watchdog), so the interpreter checks the task bodies and the
     counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs.
 
-    Launch options: `num_warps` a CTA; `prefetch` the L2 prefetch (default: on sm_90+); `tile_budget` (a power of
-    two) the elements of a GEMV weight tile, which set the BLOCK_K (and OPROJ's heads a step) of every projection:
-    _gemv keeps two tiles in flight."""
+    Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch (sm_90+; default off);
+    `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K (and OPROJ's heads a
+    step) of every projection: _gemv keeps two tiles in flight."""
 
     def __init__(
         self,
@@ -711,9 +712,14 @@ class Megakernel:
             min(t.qkv, nqkv) * c.hidden, min(t.o, c.hidden) * c.q_size, min(t.gateup, c.intermediate) * c.hidden,
             min(t.down, c.hidden) * c.intermediate,
         ) * es  # fmt: skip
-        if prefetch is None:
-            prefetch = not self.interpret and torch.cuda.get_device_capability(self.device) >= (9, 0)
-        self.prefetch = bool(prefetch) and all(k * es % 16 == 0 for k in ks)
+        # the bulk L2 prefetch needs sm_90+ and rows of whole 16-byte chunks. Off by default in the persistent kernel
+        # (H200, 2026-11-29: Llama-3-8B 6174 us a step without it, 7069 with; 3.2-1B 1623 / 1640: 132 CTAs
+        # prefetching ~0.9 MB of task weights each overrun the 50 MB L2 on 8B); the per-op launches (staged, the
+        # CUDA graph baselines) always prefetch where they can: with PDL it is what runs before the wait
+        capable = (not self.interpret and torch.cuda.get_device_capability(self.device) >= (9, 0)
+                   and all(k * es % 16 == 0 for k in ks))  # fmt: skip
+        self.prefetch = bool(prefetch) and capable
+        self.staged_prefetch = capable
         self.meta = dict(
             G=c.group,
             D=c.head_dim,
@@ -767,6 +773,8 @@ class Megakernel:
             extra["launch_cooperative_grid"] = True  # an over-sized grid fails at launch instead of hanging
         if pdl:
             extra["launch_pdl"] = True
+        if mode == STAGED:
+            extra["PREFETCH"] = self.staged_prefetch
         import contextlib
 
         import torch
@@ -775,7 +783,7 @@ class Megakernel:
             decode_kernel[grid](
                 self.W, self.A, kv_cache, x, out, self.offs, self.rope, self.tasks, self.waits, self.queue_ptr,
                 self.queue_tasks, self.counters, self.err, epoch, position, task0, *self.scalars, self.timeout_ns,
-                MODE=mode, KIND=kind, PDL=pdl, **self.meta, **extra,
+                MODE=mode, KIND=kind, PDL=pdl, **{**self.meta, **extra},
             )  # fmt: skip
 
     def __call__(self, hidden, kv_cache, position: int):
