@@ -54,6 +54,24 @@ def test_a_representative_flash_attention_compiles_for(target):
     assert run.stdout.count("compiled flash_attention/") == 4, run.stdout + run.stderr
 
 
+@pytest.mark.parametrize("target, wide_load", [("cuda:90", "ld.global.v4.b32"), ("hip:gfx942", "dwordx4")])
+def test_the_matrix_compiles_the_vectorized_build(target, wide_load):
+    """Pointers are compiled 16-byte aligned, as the launchers see the executors' buffers: rms_norm's forward at 4096
+    (widths in units of 16) loads 16 bytes at a time, as it does on the GPU."""
+    script = f"""
+        from tile_kernels.core import aot
+        t = aot.TARGETS[{target!r}]
+        cfg = next(c for c in aot.configs(t, ["rms_norm"]) if isinstance(c, aot.KernelConfig)
+                   and c.kernel_name == "norm_fwd_kernel" and "BLOCK_N=4096," in c.describe()
+                   and "UNIT=16" in c.describe())
+        asm = aot.compile_config(cfg, t).asm
+        print(asm.get("ptx") or asm["amdgcn"])
+    """
+    run = _python("-c", textwrap.dedent(script))
+    assert run.returncode == 0, run.stderr
+    assert wide_load in run.stdout
+
+
 def test_configs_follow_the_targets_warp_width():
     """The same op picks fewer warps on 64-wide wavefronts: configurations are derived per target."""
     cuda = {c.describe().split(";")[0]: c.num_warps for c in aot.configs(aot.TARGETS["cuda:90"], ["softmax"])}

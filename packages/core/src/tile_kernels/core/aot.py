@@ -2,10 +2,11 @@
 
 The configurations come from the ops' own plan builders (`OpInfo.plans(target)`), run with the target's warp width,
 so the matrix holds exactly what the heuristics can choose on that target. Each one is compiled with
-`triton.compile(ASTSource(...), target=GPUTarget(...))` — no GPU needed — and checked against the target's shared
-memory. The ops' TileLang kernels (backend="tilelang", backends.py) join the matrix for TILELANG_TARGETS: lowered by
-TileLang for the target and built with nvcc on CUDA targets; HIP targets are lowered to source only (no hipcc on the
-build machines). Failures name the kernel, the configuration and the target.
+`triton.compile(ASTSource(...), target=GPUTarget(...))` — no GPU needed — with its pointers marked 16-byte aligned
+(the vectorized build that runs) and checked against the target's shared memory. The ops' TileLang kernels
+(backend="tilelang", backends.py) join the matrix for TILELANG_TARGETS: lowered by TileLang for the target and built
+with nvcc on CUDA targets; HIP targets are lowered to source only (no hipcc on the build machines). Failures name the
+kernel, the configuration and the target.
 """
 
 from __future__ import annotations
@@ -181,7 +182,10 @@ def compile_config(cfg: KernelConfig | TileLangConfig, target: TargetSpec):
     if interpreting():
         raise AotError("ahead-of-time compiles need TRITON_INTERPRET unset: under it the kernels are interpreted")
     try:
-        source = ASTSource(cfg.kernel, dict(cfg.signature), constexprs=dict(cfg.constexprs))
+        # pointers marked 16-byte aligned, as Triton's launcher marks the executors' buffers: the vectorized build
+        # (16-byte loads, cp.async) that runs, not the element-wise one an unaligned view would get
+        aligned = {(i,): [["tt.divisibility", 16]] for i, (_, ty) in enumerate(cfg.signature) if ty.startswith("*")}
+        source = ASTSource(cfg.kernel, dict(cfg.signature), constexprs=dict(cfg.constexprs), attrs=aligned)
         options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         compiled = triton.compile(source, target=target.gpu_target(), options=options)
     except Exception as e:  # noqa: BLE001 - any compiler failure is reported with its context
