@@ -14,8 +14,8 @@ launch; weight and bias are shared or one per problem).
 
 In-register rows (n <= MAX_ROW_BLOCK forward, <= BACKWARD_MAX_ROW_BLOCK backward): one read of each input, one write
 of each output: the algorithmic minimum. The forward runs a program per row; the backward a persistent grid of a
-few programs per SM, each keeping dweight/dbias partials in registers (reduced by `sum_partials`), its row loop
-software-pipelined (the next rows copied into shared memory while the current one reduces).
+few programs per SM, each keeping dweight/dbias partials in registers (reduced by `sum_partials`) and loading the
+next row while the current one reduces.
 
 Wider rows are split across programs, in two launches, since a row's statistics need the whole row before any
 output element and no program holds it (one launch would need programs that wait for each other: an ordered task
@@ -50,11 +50,6 @@ from .registry import BadInput, Cost, round_to
 from .rows import MAX_ROW_BLOCK, WIDTH_BUCKETS, programs_per_problem, row_block, sum_partials
 
 BACKWARD_MAX_ROW_BLOCK = 8192  # in-register rows of the backward (h, dy, dh, weight and two accumulators live)
-# Bytes of rows a program of the in-register backward loads ahead (cp.async into shared memory): 48 KiB keeps two
-# programs of 512 threads on an SM (62-64 registers on cuda:90 at n = 4096 without dh) and fits AMD's 64 KiB of LDS.
-# The hand-written prefetch of one row in registers it replaced cost 87 registers at layer_norm's 4096 (one program
-# a SM, 16 KiB in flight: 53% of copy speed on the H200; rms_norm 67%).
-BACKWARD_BYTES_AHEAD = 32 * 1024
 SPLIT_BLOCK = 8192  # elements of a row segment, one program each, in the split forward and the split backward's dx
 BACKWARD_STATS_TILE = (1, 2048)  # rows x columns a step of the split backward's statistics program
 # Programs of the split backward's statistics launch per SM, keyed (is_rms, has_bias, fp32 input): all resident at
@@ -213,15 +208,20 @@ def norm_fwd_apply_kernel(
 
 
 @triton.jit
-def _load_row(DY, H, DH, MEAN, RSTD, row, stride_dy, stride_h, stride_dh, cols, mask, IS_RMS: tl.constexpr,
+def _load_row(DY, H, DH, MEAN, RSTD, row, row_end, stride_dy, stride_h, stride_dh, cols, mask, IS_RMS: tl.constexpr,
               HAS_DH: tl.constexpr):  # fmt: skip
-    """(h, dy, dh) of one row in their stored dtype and its saved (mean, rstd)."""
+    """(h, dy, dh) of one row in their stored dtype and its saved (mean, rstd); zeros past the problem's rows."""
+    mask = mask & (cols < tl.where(row < row_end, cols.shape[0], 0))  # (an & with a scalar fails in the interpreter)
+    last = tl.minimum(row, row_end - 1)  # the stats of a row past the end: any valid address, unused
     h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0)
     dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0)
     dh = tl.zeros_like(dy)
     if HAS_DH:
         dh = tl.load(DH + row * stride_dh + cols, mask=mask, other=0.0)
-    mean, rstd = _row_stats(MEAN, RSTD, row, IS_RMS)
+    rstd = tl.load(RSTD + last)
+    mean = 0.0
+    if not IS_RMS:
+        mean = tl.load(MEAN + last)
     return h, dy, dh, mean, rstd
 
 
@@ -230,11 +230,10 @@ def norm_bwd_kernel(
     DY, H, W, MEAN, RSTD, DH, rows, N, stride_dy, stride_h, stride_w, stride_dh,
     DX, DW_PARTIAL, DB_PARTIAL,
     IS_RMS: tl.constexpr, HAS_DH: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    UNIT: tl.constexpr, STAGES: tl.constexpr,
+    UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (G, batch): program g handles rows g, g + G, ... of its problem, each in registers (up to BLOCK_N
-    elements), and writes DW/DB_PARTIAL[b, g, :]. The row loop is software-pipelined by Triton (STAGES - 1 rows
-    ahead, copied into shared memory with cp.async): the bytes in flight do not cost registers."""
+    elements), and writes DW/DB_PARTIAL[b, g, :]."""
     N, stride_dy, stride_h, stride_w, stride_dh = (N * UNIT, stride_dy * UNIT, stride_h * UNIT, stride_w * UNIT,
                                                    stride_dh * UNIT)  # fmt: skip
     g = tl.program_id(0)
@@ -246,11 +245,16 @@ def norm_bwd_kernel(
     w = tl.load(W + b * stride_w + cols, mask=mask, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for m in tl.range(g, rows, G, num_stages=STAGES):
+    # software pipelining by hand: the next row's loads are in flight while this row reduces and stores
+    row_end = (b + 1) * rows
+    nxt = _load_row(DY, H, DH, MEAN, RSTD, b * rows + g, row_end, stride_dy, stride_h, stride_dh, cols, mask, IS_RMS,
+                    HAS_DH)  # fmt: skip
+    for m in range(g, rows, G):
         row = b * rows + m
-        h, dy, dh, mean, rstd = _load_row(DY, H, DH, MEAN, RSTD, row, stride_dy, stride_h, stride_dh, cols, mask,
-                                          IS_RMS, HAS_DH)  # fmt: skip
+        h, dy, dh, mean, rstd = nxt
         h, dy = h.to(tl.float32), dy.to(tl.float32)
+        nxt = _load_row(DY, H, DH, MEAN, RSTD, row + G, row_end, stride_dy, stride_h, stride_dh, cols, mask, IS_RMS,
+                        HAS_DH)  # fmt: skip
         xhat = tl.where(mask, (h - mean) * rstd, 0.0)
         wdy = w * dy
         dx = wdy - xhat * (_mean(tl.sum(xhat * wdy, axis=0), N))
@@ -367,12 +371,6 @@ def norm_bwd_apply_kernel(
     tl.store(DX + row * N + cols, dx.to(DX.dtype.element_ty), mask=mask)
 
 
-def _backward_stages(block: int, itemsize: int, has_dh: bool) -> int:
-    """Pipelining stages of the in-register backward's row loop: the rows loaded ahead (stages - 1, 1 to 3) hold
-    about BACKWARD_BYTES_AHEAD of h, dy [and dh] in shared memory."""
-    return 1 + max(1, min(3, BACKWARD_BYTES_AHEAD // (block * itemsize * (3 if has_dh else 2))))
-
-
 def _warps(block: int, target: Target) -> int:
     """Warps of a program over a block of `block` elements (rows.row_block's: a 16-byte vector of bf16 a thread)."""
     return row_block(block, target)[2]
@@ -471,8 +469,7 @@ def backward(
                 grid=(programs, batch),
                 reads=stats + ("dh" if has_dh else None, rows, n, *strides, stride_dh),
                 writes=("dx", partials[0], partials[1] if has_bias else None),
-                constexprs=dict(IS_RMS=is_rms, HAS_DH=has_dh, HAS_BIAS=has_bias, BLOCK_N=block,
-                                STAGES=_backward_stages(block, ITEMSIZE[x_dtype], has_dh)),
+                constexprs=dict(IS_RMS=is_rms, HAS_DH=has_dh, HAS_BIAS=has_bias, BLOCK_N=block),
                 num_warps=warps,
             ), "N", "stride_dy", "stride_h", "stride_w", "stride_dh"),
         ) + tuple(sum_partials(p, name, batch, programs, n) for p, name in zip(partials, grads))  # fmt: skip
