@@ -130,7 +130,7 @@ def aot(session):
 def aot_oldest_triton(session):
     """The Triton kernels' AOT matrix compiled by the oldest Triton the package allows (the suite's `tests` session
     runs it after itself: the CPU suite's AOT tests use the newest Triton). Without arguments: one NVIDIA and one AMD
-    target, cuda:90 and hip:gfx942 (7 min on a 2-core machine; the newest Triton's tests cover all six, and a
+    target, cuda:90 and hip:gfx942 (4 min on a 2-core machine; the newest Triton's tests cover all six, and a
     compiler version's failures so far were target-independent), flash_attention left out (its 200 configurations
     take ~10 min a target; the CPU suite compiles its four kernels for the six targets, the H200 suite what it runs
     with this Triton). `-- --target ...` widens it."""
