@@ -346,12 +346,11 @@ def main(argv=None) -> int:
         print(megakernel_bench.markdown(megakernel_bench.run(args.out, args.shape, args.layers)))
         return 0
     if args.render:
-        meta, first = load(args.render[0])
+        runs = [load(path) for path in args.render]
+        meta = runs[0][0]
+        meta.command = "; ".join(m.command for m, _ in runs)
         rows = {}  # a later file's row replaces an earlier one's in place (a partial re-run updates a table)
-        for i, path in enumerate(args.render):
-            more_meta, more = (meta, first) if i == 0 else load(path)
-            if i:
-                meta.command += f"; {more_meta.command}"
+        for _, more in runs:
             rows |= {(r.op, r.shape, r.dtype, r.direction, r.impl): r for r in more}
         recs = list(rows.values())
         if args.out:
