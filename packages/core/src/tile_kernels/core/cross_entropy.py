@@ -147,7 +147,7 @@ def cross_entropy_fwd_kernel(
     ignored). ONE_BLOCK: a tile [BLOCK_M, BLOCK_V] in registers, the next tile's loads in flight while this one
     reduces (a row per program ran at a third of copy speed: one 8 KiB load, then three dependent block reductions),
     its targets loaded a tile before (gathering x[target] right after loading the target stalled the program for a
-    load latency a tile: 36% of copy speed on the H200 at 4096 classes).
+    load latency a tile: the likely cause of its 36% of copy speed on the H200 at 4096 classes; not yet re-measured).
     Else (G = rows: a program per row) the row is streamed with an online max / sum. x[target] is gathered before any
     store of its row, so an in-place gradient cannot race with it."""
     V, stride_row = V * UNIT, stride_row * UNIT
