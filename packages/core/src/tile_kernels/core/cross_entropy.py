@@ -77,20 +77,15 @@ def _dlogits(x, lse, cols, t, smoothing, V, SMOOTH: tl.constexpr):
 
 
 @triton.jit
-def _load_targets(TARGET, r, row_end):
-    """The targets of a tile of rows r (a vector; 0 past row_end)."""
-    return tl.load(TARGET + r, mask=r < row_end, other=0).to(tl.int64)
-
-
-@triton.jit
-def _load_tile(LOGITS, t, r, row_end, V, stride_row, cols):
-    """Loads of a tile of rows r (a vector; nothing past row_end) whose targets t are loaded already: logits
-    [rows, BLOCK_V] in their stored dtype (-inf past V) and x[target] (0 for a target outside [0, V)), gathered."""
+def _load_tile(LOGITS, TARGET, r, row_end, V, stride_row, cols):
+    """Loads of a tile of rows r (a vector; nothing past row_end): logits [rows, BLOCK_V] in their stored dtype (-inf
+    past V), the targets, and x[target] (0 for a target outside [0, V)), gathered directly."""
     rmask = r < row_end
+    t = tl.load(TARGET + r, mask=rmask, other=0).to(tl.int64)
     x_ptr = LOGITS + r * stride_row
     x = tl.load(x_ptr[:, None] + cols[None, :], mask=rmask[:, None] & (cols[None, :] < V), other=-float("inf"))
     x_t = tl.load(x_ptr + t, mask=rmask & (t >= 0) & (t < V), other=0.0)
-    return x, x_t
+    return x, t, x_t
 
 
 @triton.jit
@@ -145,9 +140,7 @@ def cross_entropy_fwd_kernel(
     row's loss (0 when ignored), LSE its log-sum-exp, VALID (for a reduction) 1.0 or 0.0 for an ignored row. With
     WRITE_GRAD, DLOGITS (rows of V, may be LOGITS itself) gets the row's gradient for a unit cotangent (0 when
     ignored). ONE_BLOCK: a tile [BLOCK_M, BLOCK_V] in registers, the next tile's loads in flight while this one
-    reduces (a row per program ran at a third of copy speed: one 8 KiB load, then three dependent block reductions),
-    its targets loaded a tile before (gathering x[target] right after loading the target stalled the program for a
-    load latency a tile: the likely cause of its 36% of copy speed on the H200 at 4096 classes; not yet re-measured).
+    reduces (a row per program ran at a third of copy speed: one 8 KiB load, then three dependent block reductions).
     Else (G = rows: a program per row) the row is streamed with an online max / sum. x[target] is gathered before any
     store of its row, so an in-place gradient cannot race with it."""
     V, stride_row = V * UNIT, stride_row * UNIT
@@ -157,22 +150,16 @@ def cross_entropy_fwd_kernel(
     row0 = tl.program_id(1).to(tl.int64) * rows
     row_end = row0 + rows
     if ONE_BLOCK:
-        # software pipelining by hand: the next tile's loads are in flight while this one reduces, and the targets
-        # are loaded a tile earlier still, so that gathering x[target] for the next tile does not wait on a load
+        # the next tile's loads are in flight while this one reduces (software pipelining by hand)
         cols = tl.arange(0, BLOCK_V)
-        step = G * BLOCK_M
         r = row0 + g * BLOCK_M + tl.arange(0, BLOCK_M)
-        t_nxt = _load_targets(TARGET, r, row_end)
-        x_nxt, xt_nxt = _load_tile(LOGITS, t_nxt, r, row_end, V, stride_row, cols)
-        t_after = _load_targets(TARGET, r + step, row_end)
+        nxt = _load_tile(LOGITS, TARGET, r, row_end, V, stride_row, cols)
         for _ in range(g, tl.cdiv(rows, BLOCK_M), G):
-            x, t, x_t = x_nxt, t_nxt, xt_nxt
-            x_nxt, xt_nxt = _load_tile(LOGITS, t_after, r + step, row_end, V, stride_row, cols)
-            t_nxt = t_after
-            t_after = _load_targets(TARGET, r + 2 * step, row_end)
+            x, t, x_t = nxt
+            nxt = _load_tile(LOGITS, TARGET, r + G * BLOCK_M, row_end, V, stride_row, cols)
             _tile_losses(x, t, x_t, r, row_end, cols, V, ignore_index, smoothing, LOSS, LSE, VALID, DLOGITS, SMOOTH,
                          HAS_VALID, WRITE_GRAD)  # fmt: skip
-            r += step
+            r += G * BLOCK_M
     else:
         for row in range(row0 + g, row_end, G):
             x_ptr = LOGITS + row * stride_row
