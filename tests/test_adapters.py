@@ -266,3 +266,20 @@ def test_an_extra_does_not_pull_the_other_framework(extra, forbidden, tmp_path):
     assert run.returncode == 0, run.stderr
     names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert "tile-kernels" in names and forbidden not in names and f"{forbidden}lib" not in names, sorted(names)
+
+
+@pytest.mark.parametrize("framework", sorted(DRIVERS))
+def test_numpy_scalar_arguments_are_accepted(framework):
+    """Scalars often come out of NumPy configs: an np.int64 ignore_index and an np.float32 softmax_scale or
+    label_smoothing give the results of the Python scalars."""
+    driver = DRIVERS[framework](DEVICE)
+    ops, rng = driver.ops, np.random.default_rng(0)
+    logits = driver.array(rng.standard_normal((5, 7)).astype(np.float32))
+    target = driver.array(np.array([0, 3, -100, 6, 2], np.int64 if framework == "torch" else np.int32))
+    python = ops.cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.25)
+    numpy = ops.cross_entropy(logits, target, ignore_index=np.int64(-100), label_smoothing=np.float32(0.25))
+    np.testing.assert_allclose(driver.numpy(numpy), driver.numpy(python), rtol=1e-6)
+    q, k, v = (driver.array(rng.standard_normal((1, 9, 2, 16)).astype(np.float32)) for _ in range(3))
+    python = ops.flash_attention(q, k, v, softmax_scale=0.3)
+    numpy = ops.flash_attention(q, k, v, softmax_scale=np.float32(0.3))
+    np.testing.assert_allclose(driver.numpy(numpy), driver.numpy(python), rtol=1e-6, atol=1e-7)

@@ -27,10 +27,13 @@ BACKENDS = ("triton", "tilelang", "cuda")
 PLATFORMS = ("cpu", "cuda", "rocm")  # cpu = Triton's interpreter
 
 # The default backend of an op on a platform: the fastest one measured there. One entry per op and platform; an op or
-# platform without one runs "triton". rms_norm on CUDA: Triton, measured fastest on the H200 (2026-11-29, bf16 with
-# residual, 256x262144 to 32768x4096): forward 1957-4087 GB/s against TileLang's 881-3377 and CUDA C++'s 1719-1958,
-# backward 1198-3559 against 477-1253 and 1112-1602. Re-measure (and change this entry) when those kernels improve.
-# flash_attention has no entry: Triton until the H200 measures its TileLang forward (not run on a GPU yet) faster.
+# platform without one runs "triton". rms_norm on CUDA: Triton, measured fastest on the H200 (2026-11-29, bf16,
+# 16384x4096, 1024x65536, 256x262144; benchmarks/results/h200/results.md): forward 3315-4092 GB/s against TileLang's
+# 889-3371 and CUDA C++'s 1744-1758, backward 2303-2775 against 465-893 and 1027-1263. Re-measure (and change this
+# entry) when those kernels improve. flash_attention has no entry, so Triton: the TileLang forward measured faster
+# where it ran (the H200 at head dim 128, bf16, S 8192: 535 against 488 TFLOP/s, causal 490 against 455; a training
+# step 36.6 against 37.7 ms, its backward being Triton's), but it has run on no other architecture or head dim, and
+# it is built by nvcc on first use; a default per architecture and head dim needs those measurements first.
 DEFAULTS: dict[tuple[str, str], str] = {("rms_norm", "cuda"): "triton"}
 
 # op -> {backend: module that builds its Plans of Calls, imported on first use; None: the op's own Triton plans}

@@ -4,6 +4,8 @@ Arrays are anything with `.shape` and `.dtype` (torch tensors, JAX arrays, NumPy
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 from .plan import FLOAT_DTYPES, dtype_name
@@ -35,6 +37,22 @@ def check_same_dtype(op: str, name: str, array: Any, dtype: str, what: str) -> N
 def check_positive(op: str, name: str, value: float) -> None:
     if not value > 0:
         raise ValueError(f"{op}: {name} must be > 0, got {value}")
+
+
+def check_int(op: str, name: str, value: Any, what: str = "an int") -> int:
+    """A Python or NumPy integer (not a bool), as an int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{op}: {name} must be {what}, got {value!r}")
+    return int(value)
+
+
+def check_real(op: str, name: str, value: Any, what: str = "a finite number") -> float:
+    """A finite Python or NumPy real number (not a bool), as a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{op}: {name} must be {what}, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{op}: {name} must be {what}, got {value!r}")
+    return float(value)
 
 
 def normalize_dim(op: str, dim: int, ndim: int) -> int:

@@ -314,10 +314,9 @@ def check(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0
     checks.check_shape(NAME, "target", target, logits.shape[:1], "one class index per row of logits")
     if reduction not in REDUCTIONS:
         raise ValueError(f"{NAME}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
+    if not 0.0 <= checks.check_real(NAME, "label_smoothing", label_smoothing, "a number in [0, 1]") <= 1.0:
         raise ValueError(f"{NAME}: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if not isinstance(ignore_index, int):
-        raise TypeError(f"{NAME}: ignore_index must be an int, got {ignore_index!r}")
+    checks.check_int(NAME, "ignore_index", ignore_index)
 
 
 Ref = str | Rows | None
@@ -510,6 +509,9 @@ def bad_inputs(kwargs) -> list[BadInput]:
         BadInput({"target": target[:-1]}, ValueError, "cross_entropy: target must have shape"),
         BadInput({"reduction": "avg"}, ValueError, "cross_entropy: reduction must be one of"),
         BadInput({"label_smoothing": 1.5}, ValueError, "cross_entropy: label_smoothing must be in"),
+        BadInput({"label_smoothing": "0.1"}, TypeError, r"cross_entropy: label_smoothing must be a number in \[0, 1\]"),
+        BadInput({"ignore_index": 1.5}, TypeError, "cross_entropy: ignore_index must be an int"),
+        BadInput({"ignore_index": True}, TypeError, "cross_entropy: ignore_index must be an int"),
     ]
 
 

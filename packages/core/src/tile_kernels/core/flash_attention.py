@@ -48,8 +48,8 @@ LOG2E = 1.4426950408889634
 # the int arguments the kernels build addresses from, passed in units of 16 elements where they all divide (_aligned)
 UNIT_ARGS = ("head_dim", "stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
              "stride_vs", "stride_vh")  # fmt: skip
-# The default stays "triton" (backends.DEFAULTS has no flash_attention entry) until the H200 measures the TileLang
-# forward faster; backend="tilelang" runs the TileLang forward and the Triton backward.
+# The default is "triton" (backends.DEFAULTS says why); backend="tilelang" runs the TileLang forward and the Triton
+# backward.
 backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.flash_attention_tilelang"})
 
 
@@ -634,8 +634,8 @@ def check(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.
     pair = isinstance(window, (tuple, list)) and len(window) == 2
     if not pair or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) and w >= -1 for w in window):
         raise ValueError(f"{NAME}: window must be a pair of ints >= -1 (left, right; -1 = unbounded), got {window!r}")
-    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)):
-        raise ValueError(f"{NAME}: softmax_scale must be None or a finite number, got {softmax_scale!r}")
+    if softmax_scale is not None:
+        checks.check_real(NAME, "softmax_scale", softmax_scale, "None or a finite number")
     if not (isinstance(softcap, (int, float)) and softcap >= 0 and math.isfinite(softcap)):
         raise ValueError(f"{NAME}: softcap must be a finite number >= 0, got {softcap!r}")
 
@@ -887,6 +887,8 @@ def bad_inputs(kwargs) -> list[BadInput]:
         BadInput({"q": np.concatenate([q, q[:, :, :1]], axis=2)}, ValueError, "flash_attention: q's heads must be"),
         BadInput({"window": (-2, 0)}, ValueError, "flash_attention: window must be a pair"),
         BadInput({"softcap": -1.0}, ValueError, "flash_attention: softcap must be"),
+        BadInput({"softmax_scale": "0.3"}, TypeError, "flash_attention: softmax_scale must be None or a finite"),
+        BadInput({"softmax_scale": float("nan")}, ValueError, "flash_attention: softmax_scale must be None or a fin"),
         BadInput({"backend": "nope"}, ValueError, "flash_attention: backend must be one of"),
     ]
 

@@ -22,9 +22,15 @@ float16 / bfloat16 (`unsupported` says why another input cannot run: float32 wou
 
 Design limits: sequence lengths below 2^31 (TMA coordinates and the band arithmetic are int32; the padded kernels'
 offsets are int64); B and Hq up to 65535 (grid dims y, z); TMA needs 16-byte aligned bases (torch / JAX allocations
-are). Performance is not measured yet: the loop runs QK^T, softmax and PV in order within a consumer warp group (the
-two groups interleave on the tensor cores); overlapping a block's softmax with the next block's QK^T inside a group
-(T.wgmma_gemm / T.wait_wgmma) and a wider BLOCK_N at head dim 128 are the next steps if the H200 measures it short.
+are).
+
+Performance (H200, 2026-11-29, bf16 4x8192x32x128): 535 TFLOP/s forward (77% of the measured GEMM ceiling; causal
+490), against the Triton forward's 488 and cuDNN's 590. What TileLang 0.1.15 generates for sm_90a (the .cu that
+`tile-kernels aot --target cuda:90 --op flash_attention --out DIR` writes): a TMA producer warp group (registers
+released to 24) and two wgmma consumer groups (240 each), K and V in 2 stages, and a `warpgroup_wait<0>` after each
+GEMM: a group's softmax never overlaps its own GEMMs, only the other group's. Overlapping a block's softmax with the
+next block's QK^T inside a group (T.Pipelined's order / stage / group, or T.wgmma_gemm / T.wait_wgmma), 3 stages and a
+wider BLOCK_N at head dim 128 are the next steps.
 """
 
 import functools

@@ -91,12 +91,9 @@ def check(hidden, weight, target, ignore_index=-100, reduction="mean", chunk_siz
     checks.check_shape(NAME, "target", target, hidden.shape[:1], "one class index per row of hidden")
     if reduction not in REDUCTIONS:
         raise ValueError(f"{NAME}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
-        raise TypeError(f"{NAME}: ignore_index must be an int, got {ignore_index!r}")
+    checks.check_int(NAME, "ignore_index", ignore_index)
     if chunk_size is not None:
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
-            raise TypeError(f"{NAME}: chunk_size must be an int or None, got {chunk_size!r}")
-        if chunk_size < 1:
+        if checks.check_int(NAME, "chunk_size", chunk_size, "an int or None") < 1:
             raise ValueError(f"{NAME}: chunk_size must be >= 1 (rows per chunk) or None, got {chunk_size}")
 
 
@@ -303,6 +300,7 @@ def bad_inputs(kwargs) -> list[BadInput]:
         BadInput({"reduction": "avg"}, ValueError, f"{NAME}: reduction must be one of"),
         BadInput({"chunk_size": 0}, ValueError, f"{NAME}: chunk_size must be >= 1"),
         BadInput({"chunk_size": 2.5}, TypeError, f"{NAME}: chunk_size must be an int"),
+        BadInput({"ignore_index": True}, TypeError, f"{NAME}: ignore_index must be an int"),
     ]  # fmt: skip
 
 

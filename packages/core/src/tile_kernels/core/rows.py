@@ -2,8 +2,9 @@
 
 A row-wise op sees its input as R rows of N elements. A row of up to `MAX_ROW_BLOCK` elements is held in registers
 by one program (one read of the data). A wider row is streamed in `WIDE_ROW_BLOCK`-element chunks by one program
-(softmax, cross-entropy: an online pass, then a second pass that hits L2 only while the rows in flight fit in it), or
-split across programs in two launches (the norms, norms.py).
+(softmax; cross-entropy only where fused_linear_cross_entropy writes the gradient in place: an online pass, then a
+second pass that hits L2 only while the rows in flight fit in it), or split across programs in two launches (the
+norms, norms.py; cross-entropy's forward, cross_entropy.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """JAX side of `tile-kernels bench`: tile-kernels' JAX functions (jax-triton), the same math as plain `jax.jit` code
-(XLA's fusions), and Pallas' GPU ops where JAX ships one (rms_norm, layer_norm, softmax).
+(XLA's fusions), and Pallas' GPU ops where JAX ships one (rms_norm, layer_norm, softmax, flash_attention's mha).
 
 Timer: JAX runs on its own stream, so CUDA events on torch's stream cannot time it. A jitted call is enqueued `reps`
 times back to back and the wall time to the last result is divided by `reps` (dispatch overlaps the kernels; for

@@ -90,4 +90,4 @@ def cross_entropy(
 ) -> jax.Array:  # fmt: skip
     """As torch.nn.functional.cross_entropy for 2-D logits (N, V) and integer class targets."""
     core.check(logits, target, ignore_index, reduction, label_smoothing)
-    return _cross_entropy(logits, target, ignore_index, reduction, float(label_smoothing))
+    return _cross_entropy(logits, target, int(ignore_index), reduction, float(label_smoothing))

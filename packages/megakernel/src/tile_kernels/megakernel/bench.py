@@ -137,7 +137,7 @@ def bench_shape(shape_name: str, layers: int | None = None, seed: int = 0, devic
         "CUDA graph": lambda: _graph_us(lambda: decode_step(config, weights, x, cache, position)),
         "per-op, CUDA graph": lambda: _graph_us(lambda: kernel.staged(x, cache, position)),
         "per-op, CUDA graph + PDL": lambda: _graph_us(lambda: kernel.staged(x, cache, position, pdl=True)),
-        # what the first GPU runs should learn: the prefetch's worth, weight bytes in flight, warps, attention splits
+        # variants of the default: the L2 prefetch's worth, weight bytes in flight, warps, attention splits
         "megakernel, L2 prefetch": lambda: variant(prefetch=True),
         # tile_budget: elements of a GEMV weight tile, two in flight per CTA (default 16384: 64 KB of bf16 at most)
         "megakernel, 8192-element tiles": lambda: variant(tile_budget=8192),

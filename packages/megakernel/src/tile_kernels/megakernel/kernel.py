@@ -3,7 +3,8 @@ host side (Megakernel: arenas and tables allocated once, the launch, the watchdo
 launched one op at a time (the benchmark's CUDA graph + PDL baseline).
 
 Status: the whole kernel runs in Triton's interpreter on CPU (tests/test_megakernel.py) and compiles for sm_90 with
-triton 3.9 and 3.6 (the GPU path's PTX checked without a GPU); it has NOT run on a GPU yet.
+triton 3.9 and 3.6 (the GPU path's PTX checked without a GPU); on an H200 (2026-11-29, triton 3.6) its GPU tests pass
+and `tile-kernels bench --megakernel` timed it (benchmarks/results/h200/megakernel.md).
 
 Launch. grid = (num_sms,), one CTA per SM, launched with Triton's `launch_cooperative_grid=True`, so that a grid larger
 than what can be co-resident fails at launch instead of spinning forever on a CTA that never starts. The schedule's
@@ -31,9 +32,9 @@ waits for `epoch * threshold`, so no memset sits between steps (the host zeroes 
 Prefetch. Weights never depend on counters. Before spinning on task i's waits the CTA issues a bulk L2 prefetch
 (`cp.async.bulk.prefetch.L2.global`, sm_90+, PF_CHUNKS chunks, one a thread) of task i's weight rows (contiguous in
 the row-major matrices), so HBM streams them while the CTA waits and the GEMV's loads then hit L2: the step is
-bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor ~460 us on an H200). Opt-in (prefetch=True) in the
-persistent kernel, where it measured slower on the H200 (Megakernel); always on in the per-op launches; never in the
-interpreter, before sm_90, or where a row is not a multiple of 16 bytes.
+bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor 475 us at the H200's measured copy speed).
+Opt-in (prefetch=True) in the persistent kernel, where it measured slower on the H200 (Megakernel); always on in the
+per-op launches; never in the interpreter, before sm_90, or where a row is not a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in (BN, BK) weight tiles of
@@ -183,14 +184,14 @@ def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     in flight at all times). The next (BLOCK_N, BLOCK_K) tile is loaded, as 16-byte vectors, before the current one
     is multiplied (Triton pipelines no load that feeds no dot): two tiles of Megakernel's tile_budget elements in
     flight, and the vector's next chunk with its tile (an L2 round trip for it at each iteration would bound the
-    iteration once the L2 prefetch has brought the weights). Each product tile is reduced at once into a (BLOCK_N,)
-    accumulator (in-thread adds, warp shuffles, a shared-memory step where BLOCK_K spans several warps), so the
-    registers hold the two weight tiles and no tile-shaped fp32 accumulator: budget / (32 x num_warps) a thread for
-    16-bit weights (64 at 16384 elements and 8 warps; the 8192 budget's tile-shaped accumulator took 64 too).
-    Limits: while a tile is multiplied only the next one is in flight, and none between tasks (waits, store, signal),
-    which the L2 prefetch is there to cover; the whole kernel's registers (~240 at 16384, the max over every body
-    plus what is hoisted out of the queue loop) spill at 32768; tasks of few rows make BLOCK_K long, so the per-tile
-    reduction crosses warps; a K not a multiple of BLOCK_K masks part of the last tile."""
+    iteration where the weights come from L2). Each product tile is reduced at once into a (BLOCK_N,) accumulator
+    (in-thread adds, warp shuffles, a shared-memory step where BLOCK_K spans several warps), so the registers hold the
+    two weight tiles and no tile-shaped fp32 accumulator: budget / (32 x num_warps) a thread for 16-bit weights (64 at
+    16384 elements and 8 warps; the 8192 budget's tile-shaped accumulator took 64 too).
+    Limits: while a tile is multiplied only the next one is in flight, and none between tasks (waits, store, signal;
+    the opt-in L2 prefetch covers that gap but measured slower on the H200); the whole kernel's registers (~240 at
+    16384, the max over every body plus what is hoisted out of the queue loop) spill at 32768; tasks of few rows make
+    BLOCK_K long, so the per-tile reduction crosses warps; a K not a multiple of BLOCK_K masks part of the last tile."""
     rows = lo + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N,), tl.float32)

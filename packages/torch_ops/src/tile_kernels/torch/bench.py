@@ -1,5 +1,6 @@
 """torch side of `tile-kernels bench`: tile-kernels' torch ops and the peers a torch user would otherwise call —
-eager torch, torch.compile of the same eager code, and Liger-Kernel where it has the op.
+eager torch, torch.compile of the same eager code, Liger-Kernel where it has the op, and for flash_attention SDPA's
+cuDNN and flash backends.
 
 Device time: each call is captured in a CUDA graph and replayed (median per call), so Python and launch overhead,
 which differ between eager adapters and say little about the kernels, are not timed (torch.compile removes most of it

@@ -64,6 +64,7 @@ def cross_entropy(
     """As F.cross_entropy(logits, target, ...) for 2-D logits (N, V) and integer class targets."""
     core.check(logits, target, ignore_index, reduction, label_smoothing)
     check_device(core.NAME, logits=logits, target=target)
+    ignore_index = int(ignore_index)
     if reduction == "mean" and is_dtensor(logits):  # rows may be split: the summed loss over the summed count
         loss, _, count = cross_entropy_fwd(logits, target, ignore_index, "sum", float(label_smoothing))
         return (loss.float() / replicated(count.detach().view(()))).to(logits.dtype)  # one all-reduce (the count)
