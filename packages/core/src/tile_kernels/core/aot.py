@@ -3,7 +3,9 @@
 The configurations come from the ops' own plan builders (`OpInfo.plans(target)`), run with the target's warp width,
 so the matrix holds exactly what the heuristics can choose on that target. Each one is compiled with
 `triton.compile(ASTSource(...), target=GPUTarget(...))` — no GPU needed — with its pointers marked 16-byte aligned
-(the vectorized build that runs) and checked against the target's shared memory. The ops' TileLang kernels
+(the vectorized build that runs) and checked against the target's shared memory. `resources` reads back what the
+compiler allotted each Triton kernel (registers, spilled bytes, shared memory, occupancy; `tile-kernels aot --report`
+prints them, `--no-spills` fails a kernel that spills). The ops' TileLang kernels
 (backend="tilelang", backends.py) join the matrix for TILELANG_TARGETS: lowered by TileLang for the target and built
 with nvcc on CUDA targets; HIP targets are lowered to source only (no hipcc on the build machines). Failures name the
 kernel, the configuration and the target.
@@ -11,10 +13,14 @@ kernel, the configuration and the target.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
 import os
+import re
+import subprocess
+import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -198,7 +204,65 @@ def compile_config(cfg: KernelConfig | TileLangConfig, target: TargetSpec):
     return compiled
 
 
+@dataclass(frozen=True)
+class Resources:
+    """What the compiler allotted one Triton kernel: registers a thread (VGPRs on AMD), bytes a thread spills to
+    local (scratch) memory, shared memory (LDS) a block, and occupancy: on CUDA the blocks an SM holds at once (the
+    least of what its 64K registers, its shared memory, 2048 threads and 32 blocks allow), on AMD the waves a SIMD
+    holds (the compiler's figure)."""
+
+    registers: int
+    spill_bytes: int
+    shared_bytes: int
+    occupancy: int
+    occupancy_unit: str  # "blocks/SM" | "waves/SIMD"
+
+    def describe(self) -> str:
+        return (f"{self.registers} registers, {self.spill_bytes} B spilled, {self.shared_bytes} B shared, "
+                f"{self.occupancy} {self.occupancy_unit}")  # fmt: skip
+
+
+def _cuda_occupancy(registers: int, num_warps: int, shared: int, target: TargetSpec) -> int:
+    """Blocks an SM holds: registers are allocated per warp in units of 256, shared memory per block plus 1 KiB the
+    driver reserves (an SM has the per-block limit + 1 KiB: 164 KiB on sm_80, 228 KiB on sm_90 / sm_100)."""
+    per_warp = -(-registers * 32 // 256) * 256
+    by_registers = 65536 // (num_warps * per_warp) if per_warp else 32
+    by_shared = (target.shared_bytes + 1024) // (shared + 1024)
+    return min(by_registers, by_shared, 2048 // (32 * num_warps), 32)
+
+
+def resources(compiled, target: TargetSpec) -> Resources:
+    """The compiler's resource report of a compiled Triton kernel (compile_config): CUDA's from cuobjdump
+    --dump-resource-usage of its cubin (Triton's bundled cuobjdump), AMD's from the comments of its amdgcn."""
+    shared = compiled.metadata.shared
+    if target.backend == "hip":
+        asm = compiled.asm["amdgcn"]
+
+        def field(name: str) -> int:
+            found = re.search(rf"; {name}: (\d+)", asm)
+            if not found:
+                raise AotError(f"{target.name}: no '{name}' in the amdgcn of {compiled.metadata.name}")
+            return int(found.group(1))
+
+        return Resources(field("TotalNumVgprs"), field("ScratchSize"), shared, field("Occupancy"), "waves/SIMD")
+    import triton.knobs
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        report = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage", cubin.name],
+                                capture_output=True, text=True, check=True).stdout  # fmt: skip
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", report)
+    if not found:
+        raise AotError(f"{target.name}: cuobjdump gave no resource usage for {compiled.metadata.name}: {report!r}")
+    registers, stack, local = (int(g) for g in found.groups())
+    occupancy = _cuda_occupancy(registers, compiled.metadata.num_warps, shared, target)
+    # Triton inlines every call: a stack frame holds spilled registers only
+    return Resources(registers, stack + local, shared, occupancy, "blocks/SM")
+
+
 def _compile_slice(target_name: str, ops: tuple[str, ...] | None, indices: list[int], out: str | None) -> list:
+    """(index, error or None, manifest record) of the configurations `indices` of one target."""
     target = TARGETS[target_name]
     cfgs = configs(target, ops)
     done = []
@@ -206,10 +270,13 @@ def _compile_slice(target_name: str, ops: tuple[str, ...] | None, indices: list[
         cfg = cfgs[i]
         try:
             compiled = compile_config(cfg, target)
+            record = _write(out, target, cfg, compiled) if out else {"config": cfg.describe()}
+            if isinstance(cfg, KernelConfig):
+                record["resources"] = resources(compiled, target)
         except AotError as e:
             done.append((i, str(e), None))
             continue
-        done.append((i, None, _write(out, target, cfg, compiled) if out else None))
+        done.append((i, None, record))
     return done
 
 
@@ -235,11 +302,18 @@ def _write(out: str, target: TargetSpec, cfg: KernelConfig | TileLangConfig, com
             "name": compiled.metadata.name}  # fmt: skip
 
 
+@dataclass
+class MatrixResult:
+    failures: list[str]  # one line a configuration that did not compile (empty when all compiled)
+    kernels: dict[str, list[dict]]  # target -> a record a compiled configuration: config, resources (Triton), files
+
+
 def run_matrix(
     targets: Iterable[str], ops: Iterable[str] | None = None, out: str | None = None, jobs: int = 1,
     progress: Callable[[int, int, str], None] | None = None,
-) -> list[str]:  # fmt: skip
-    """Compiles every configuration for every target; returns the failures (empty when all compiled)."""
+) -> MatrixResult:  # fmt: skip
+    """Compiles every configuration for every target; with `out`, writes the binaries and manifest.json (the
+    records, resources as dicts)."""
     ops = tuple(ops) if ops else None
     work = [(name, list(range(len(configs(TARGETS[name], ops))))) for name in targets]
     total = sum(len(idx) for _, idx in work)
@@ -259,5 +333,5 @@ def run_matrix(
                 progress(count, total, name)
     if out:
         with open(os.path.join(out, "manifest.json"), "w") as f:
-            json.dump(manifest, f, indent=1)
-    return failures
+            json.dump(manifest, f, indent=1, default=dataclasses.asdict)
+    return MatrixResult(failures, manifest)

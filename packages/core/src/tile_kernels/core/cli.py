@@ -1,6 +1,7 @@
 """The `tile-kernels` command.
 
 tile-kernels aot [--target cuda:90 --target hip:gfx942 ...] [--op rms_norm] [--out DIR] [--jobs N] [--list]
+                 [--report] [--no-spills]
 tile-kernels bench [--op rms_norm] [--width 4096] [--dtype bfloat16] [--out DIR] [--render JSON]   (see bench --help)
 """
 
@@ -43,7 +44,15 @@ def _aot(args) -> int:
     if tilelang and aot.missing_tilelang():
         print(f"tile-kernels aot: TileLang kernels left out of {', '.join(tilelang)}: {aot.missing_tilelang()}")
     start = time.perf_counter()
-    failures = aot.run_matrix(targets, args.op, args.out, args.jobs, None if args.quiet else _progress)
+    result = aot.run_matrix(targets, args.op, args.out, args.jobs, None if args.quiet else _progress)
+    failures = list(result.failures)
+    for name, records in result.kernels.items():
+        for record in records:
+            used = record.get("resources")
+            if used and args.report:
+                print(f"{name}  {record['config']}  {used.describe()}")
+            if used and args.no_spills and used.spill_bytes:
+                failures.append(f"{name}: {record['config']} spills {used.spill_bytes} bytes a thread")
     for failure in failures:
         print(f"FAILED {failure}", file=sys.stderr)
     seconds = time.perf_counter() - start
@@ -78,6 +87,8 @@ def main(argv=None) -> int:
     aot.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes (default: all cores)")
     aot.add_argument("--list", action="store_true", help="list the configurations instead of compiling")
     aot.add_argument("--quiet", action="store_true", help="no progress bar")
+    aot.add_argument("--report", action="store_true", help="print each Triton kernel's registers, spills, occupancy")
+    aot.add_argument("--no-spills", action="store_true", help="fail any Triton kernel that spills registers")
     commands.add_parser(
         "bench", add_help=False, help="benchmark every op against the measured ceilings and its peers (GPU)"
     )
