@@ -250,8 +250,11 @@ def resources(compiled, target: TargetSpec) -> Resources:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        report = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage", cubin.name],
-                                capture_output=True, text=True, check=True).stdout  # fmt: skip
+        try:
+            report = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage", cubin.name],
+                                    capture_output=True, text=True, check=True).stdout  # fmt: skip
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise AotError(f"{target.name}: cuobjdump could not read {compiled.metadata.name}'s cubin: {e}") from e
     found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", report)
     if not found:
         raise AotError(f"{target.name}: cuobjdump gave no resource usage for {compiled.metadata.name}: {report!r}")
