@@ -270,8 +270,8 @@ def test_an_extra_does_not_pull_the_other_framework(extra, forbidden, tmp_path):
 
 @pytest.mark.parametrize("framework", sorted(DRIVERS))
 def test_numpy_scalar_arguments_are_accepted(framework):
-    """Scalars often come out of NumPy configs: an np.int64 ignore_index and an np.float32 softmax_scale or
-    label_smoothing give the results of the Python scalars."""
+    """Scalars often come out of NumPy configs: an np.int64 ignore_index and np.float32 label_smoothing, softmax_scale
+    and softcap give the results of the Python scalars."""
     driver = DRIVERS[framework](DEVICE)
     ops, rng = driver.ops, np.random.default_rng(0)
     logits = driver.array(rng.standard_normal((5, 7)).astype(np.float32))
@@ -280,6 +280,6 @@ def test_numpy_scalar_arguments_are_accepted(framework):
     numpy = ops.cross_entropy(logits, target, ignore_index=np.int64(-100), label_smoothing=np.float32(0.25))
     np.testing.assert_allclose(driver.numpy(numpy), driver.numpy(python), rtol=1e-6)
     q, k, v = (driver.array(rng.standard_normal((1, 9, 2, 16)).astype(np.float32)) for _ in range(3))
-    python = ops.flash_attention(q, k, v, softmax_scale=0.3)
-    numpy = ops.flash_attention(q, k, v, softmax_scale=np.float32(0.3))
+    python = ops.flash_attention(q, k, v, softmax_scale=0.3, softcap=5.0)
+    numpy = ops.flash_attention(q, k, v, softmax_scale=np.float32(0.3), softcap=np.float32(5.0))
     np.testing.assert_allclose(driver.numpy(numpy), driver.numpy(python), rtol=1e-6, atol=1e-7)

@@ -28,28 +28,58 @@ FLASH_ATTENTION_KERNELS = ("flash_fwd_kernel", "flash_bwd_preprocess_kernel", "f
                            "flash_bwd_dq_kernel")  # fmt: skip
 
 
-# Configurations that spill registers (`tile-kernels aot --report`, triton 3.9, 2026-11-29), bytes a thread: a list to
-# shrink, never to grow. None is in the H200 benchmark's shapes (bf16 rows of 4096, 65536, 262144: aligned builds).
-KNOWN_SPILLS = (
-    r"norm_bwd_kernel\[BLOCK_N=8192,",  # 4097-8192-wide rows: 16 warps cap a thread at 128 registers; 24-864 B
-    r"norm_fwd_kernel\[BLOCK_N=(8192|16384), HAS_BIAS=True, HAS_RESIDUAL=True",  # layer_norm + both: 8-40 B
-    r"cross_entropy_fwd_kernel\[.*UNIT=1,",  # element-wise (unaligned) build, tiles of 8-4096 rows of <= 512: 8-72 B
-    r"rotary_kernel\[BLOCK=2,",  # head dim 4, element-wise build: 16 B
-)
+# Configurations that spill registers (`tile-kernels aot --report`, triton 3.9, 2026-11-29; the AMD targets spill
+# none), with the targets where they do: a list to shrink, never to grow. None is in the H200 benchmark's shapes (bf16
+# rows of 4096, 65536, 262144: aligned builds).
+_CUDA = ("cuda:80", "cuda:90", "cuda:100")
+KNOWN_SPILLS = {
+    # 4097-8192-wide rows held in registers by 16 warps (128 registers a thread at most): 8-864 bytes a thread
+    r"(rms|layer)_norm/norm_bwd_kernel\[BLOCK_N=8192,": _CUDA,
+    # layer_norm forward with bias and residual at 8192 / 16384: 8-40
+    r"layer_norm/norm_fwd_kernel\[BLOCK_N=(8192|16384), HAS_BIAS=True, HAS_RESIDUAL=True,": _CUDA,
+    # the element-wise (unaligned) build of the cross-entropy forward, tiles of 8-4096 rows of <= 512 classes: 8-72
+    r"(fused_linear_)?cross_entropy/cross_entropy_fwd_kernel\[.*UNIT=1,": _CUDA,
+    # rotary at head dim 4, element-wise build: 16
+    r"apply_rotary/rotary_kernel\[BLOCK=2,": ("cuda:90",),
+}
 
 
 @pytest.mark.parametrize("target", list(aot.TARGETS))
 def test_every_registered_kernel_compiles_for(target):
-    """...and spills no registers, but for the KNOWN_SPILLS (the compiler's report of each configuration)."""
+    """...and spills no registers but the KNOWN_SPILLS of that target, each of which still spills (the compiler's
+    report of each configuration)."""
     ops = [arg for op in sorted(set(REGISTRY) - SLOW_TO_COMPILE) for arg in ("--op", op)]
     run = _python("-m", "tile_kernels.core.cli", "aot", "--target", target, *ops, "--jobs", "1", "--quiet", "--report")
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"{target}: all compiled" in run.stdout
     reports = [line for line in run.stdout.splitlines() if line.startswith(f"{target}  ")]
     assert len(reports) > 100 and all(" registers, " in line for line in reports), run.stdout[-2000:]
-    spilling = [line for line in reports if not re.search(r" 0 B spilled", line)]
-    unknown = [line for line in spilling if not any(re.search(known, line) for known in KNOWN_SPILLS)]
+    spilling = [line for line in reports if " 0 B spilled" not in line]
+    known = [pattern for pattern, targets in KNOWN_SPILLS.items() if target in targets]
+    unknown = [line for line in spilling if not any(re.search(pattern, line) for pattern in known)]
     assert not unknown, "new register spills:\n" + "\n".join(unknown)
+    fixed = [pattern for pattern in known if not any(re.search(pattern, line) for line in spilling)]
+    assert not fixed, f"no longer spilling on {target} (take them out of KNOWN_SPILLS): {fixed}"
+
+
+def test_no_spills_fails_a_spilling_kernel_naming_it():
+    run = _python("-m", "tile_kernels.core.cli", "aot", "--target", "cuda:90", "--op", "apply_rotary", "--jobs", "1",
+                  "--quiet", "--no-spills")  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert re.search(r"FAILED cuda:90: apply_rotary/rotary_kernel\[BLOCK=2, .* spills \d+ bytes a thread", run.stderr)
+    assert "cuda:90: 2 failed" in run.stdout, run.stdout
+
+
+def test_cuda_occupancy_counts_as_the_occupancy_calculator():
+    """Blocks an SM: registers from four 16K sub-partitions in 256-register warp units, shared memory in 128-byte
+    units plus 1 KiB a block, 2048 threads, 32 blocks."""
+    sm90, sm80 = aot.TARGETS["cuda:90"], aot.TARGETS["cuda:80"]
+    assert aot._cuda_occupancy(255, 8, 229376, sm90) == 1  # the flash-attention forward: registers and shared memory
+    assert aot._cuda_occupancy(128, 4, 0, sm90) == 4  # 16 warps of 4096 registers
+    assert aot._cuda_occupancy(33, 2, 0, sm90) == 24  # 1280-register warps: 12 a sub-partition, 48 warps
+    assert aot._cuda_occupancy(32, 16, 64, sm90) == 4  # 2048 threads
+    assert aot._cuda_occupancy(16, 1, 0, sm90) == 32  # 32 blocks
+    assert aot._cuda_occupancy(32, 4, 90 * 1024, sm80) == 1 and aot._cuda_occupancy(32, 4, 90 * 1024, sm90) == 2
 
 
 @pytest.mark.parametrize("target", list(aot.TARGETS))
@@ -125,10 +155,10 @@ def test_a_kernel_broken_for_one_target_fails_naming_it():
 
 
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
-def test_the_resource_report_finds_spills(target):
+def test_the_resource_report_finds_spills(target, tmp_path):
     """aot.resources reads what the compiler allotted: a row kept live across its reduction, 32 values a thread, fits
-    in registers; 512 values a thread (one warp; a CUDA thread has at most 255 registers, an AMD lane 512 VGPRs, some
-    taken by addresses) spill to local / scratch memory, and the report says so."""
+    in registers; 512 values a thread (one warp), more than a CUDA thread's 255 registers or an AMD lane's 512 VGPRs
+    with its addresses, spill to local / scratch memory, and the report says so."""
     script = f"""
         import triton, triton.language as tl
         from tile_kernels.core import aot
@@ -146,9 +176,9 @@ def test_the_resource_report_finds_spills(target):
             used = aot.resources(aot.compile_config(cfg, t), t)
             print(values, used.registers, used.spill_bytes, used.occupancy, used.describe())
     """
-    with open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"aot_spill_{os.getpid()}.py"), "w") as f:
-        f.write(textwrap.dedent(script))  # triton.jit needs the source in a file
-    run = _python(f.name)
+    path = tmp_path / "spill.py"
+    path.write_text(textwrap.dedent(script))  # triton.jit needs the source in a file
+    run = _python(str(path))
     assert run.returncode == 0, run.stdout + run.stderr
     small, large = ([int(v) for v in line.split()[1:4]] for line in run.stdout.strip().splitlines()[-2:])
     assert 0 < small[0] < 255 and small[1] == 0 and small[2] >= 1, run.stdout  # registers, spilled bytes, occupancy

@@ -223,11 +223,13 @@ class Resources:
 
 
 def _cuda_occupancy(registers: int, num_warps: int, shared: int, target: TargetSpec) -> int:
-    """Blocks an SM holds: registers are allocated per warp in units of 256, shared memory per block plus 1 KiB the
-    driver reserves (an SM has the per-block limit + 1 KiB: 164 KiB on sm_80, 228 KiB on sm_90 / sm_100)."""
+    """Blocks an SM holds (as CUDA's occupancy calculator counts on sm_80 - sm_100): registers are allocated per warp
+    in units of 256 from four sub-partitions of 16K; shared memory in units of 128 bytes per block plus 1 KiB the
+    driver reserves (an SM has the per-block limit + 1 KiB: 164 KiB on sm_80, 228 KiB on sm_90 / sm_100); at most
+    2048 threads and 32 blocks."""
     per_warp = -(-registers * 32 // 256) * 256
-    by_registers = 65536 // (num_warps * per_warp) if per_warp else 32
-    by_shared = (target.shared_bytes + 1024) // (shared + 1024)
+    by_registers = (16384 // per_warp) * 4 // num_warps if per_warp else 32
+    by_shared = (target.shared_bytes + 1024) // (-(-shared // 128) * 128 + 1024)
     return min(by_registers, by_shared, 2048 // (32 * num_warps), 32)
 
 
@@ -250,10 +252,10 @@ def resources(compiled, target: TargetSpec) -> Resources:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        try:
+        try:  # (the knob raises RuntimeError when Triton's cuobjdump is missing)
             report = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage", cubin.name],
                                     capture_output=True, text=True, check=True).stdout  # fmt: skip
-        except (OSError, subprocess.CalledProcessError) as e:
+        except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
             raise AotError(f"{target.name}: cuobjdump could not read {compiled.metadata.name}'s cubin: {e}") from e
     found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", report)
     if not found:
@@ -264,7 +266,8 @@ def resources(compiled, target: TargetSpec) -> Resources:
     return Resources(registers, stack + local, shared, occupancy, "blocks/SM")
 
 
-def _compile_slice(target_name: str, ops: tuple[str, ...] | None, indices: list[int], out: str | None) -> list:
+def _compile_slice(target_name: str, ops: tuple[str, ...] | None, indices: list[int], out: str | None,
+                   with_resources: bool) -> list:  # fmt: skip
     """(index, error or None, manifest record) of the configurations `indices` of one target."""
     target = TARGETS[target_name]
     cfgs = configs(target, ops)
@@ -274,7 +277,7 @@ def _compile_slice(target_name: str, ops: tuple[str, ...] | None, indices: list[
         try:
             compiled = compile_config(cfg, target)
             record = _write(out, target, cfg, compiled) if out else {"config": cfg.describe()}
-            if isinstance(cfg, KernelConfig):
+            if with_resources and isinstance(cfg, KernelConfig):
                 record["resources"] = resources(compiled, target)
         except AotError as e:
             done.append((i, str(e), None))
@@ -308,32 +311,33 @@ def _write(out: str, target: TargetSpec, cfg: KernelConfig | TileLangConfig, com
 @dataclass
 class MatrixResult:
     failures: list[str]  # one line a configuration that did not compile (empty when all compiled)
-    kernels: dict[str, list[dict]]  # target -> a record a compiled configuration: config, resources (Triton), files
+    manifest: dict[str, list[dict]]  # target -> a record a compiled configuration (config, files, resources), in order
 
 
 def run_matrix(
     targets: Iterable[str], ops: Iterable[str] | None = None, out: str | None = None, jobs: int = 1,
-    progress: Callable[[int, int, str], None] | None = None,
+    progress: Callable[[int, int, str], None] | None = None, with_resources: bool = False,
 ) -> MatrixResult:  # fmt: skip
-    """Compiles every configuration for every target; with `out`, writes the binaries and manifest.json (the
-    records, resources as dicts)."""
+    """Compiles every configuration for every target; with `out`, writes the binaries and manifest.json; with
+    `with_resources`, each Triton kernel's record holds its `resources` (a dict in the file)."""
     ops = tuple(ops) if ops else None
     work = [(name, list(range(len(configs(TARGETS[name], ops))))) for name in targets]
     total = sum(len(idx) for _, idx in work)
-    failures, manifest, count = [], {}, 0
+    failures, records, count = [], {}, 0
     chunks = [(name, idx[k :: max(jobs, 1) * 4]) for name, idx in work for k in range(max(jobs, 1) * 4)]
     chunks = [(name, idx) for name, idx in chunks if idx]
     with ProcessPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        futures = [(name, pool.submit(_compile_slice, name, ops, idx, out)) for name, idx in chunks]
+        futures = [(name, pool.submit(_compile_slice, name, ops, idx, out, with_resources)) for name, idx in chunks]
         for name, future in futures:
-            for _, error, record in future.result():
+            for index, error, record in future.result():
                 count += 1
                 if error:
                     failures.append(error)
                 if record:
-                    manifest.setdefault(name, []).append(record)
+                    records.setdefault(name, []).append((index, record))
             if progress:
                 progress(count, total, name)
+    manifest = {name: [record for _, record in sorted(done, key=lambda r: r[0])] for name, done in records.items()}
     if out:
         with open(os.path.join(out, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1, default=dataclasses.asdict)

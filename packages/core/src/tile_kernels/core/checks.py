@@ -50,9 +50,13 @@ def check_real(op: str, name: str, value: Any, what: str = "a finite number") ->
     """A finite Python or NumPy real number (not a bool), as a float."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{op}: {name} must be {what}, got {value!r}")
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        number = math.inf
+    if not math.isfinite(number):
         raise ValueError(f"{op}: {name} must be {what}, got {value!r}")
-    return float(value)
+    return number
 
 
 def normalize_dim(op: str, dim: int, ndim: int) -> int:

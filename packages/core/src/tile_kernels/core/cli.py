@@ -44,9 +44,10 @@ def _aot(args) -> int:
     if tilelang and aot.missing_tilelang():
         print(f"tile-kernels aot: TileLang kernels left out of {', '.join(tilelang)}: {aot.missing_tilelang()}")
     start = time.perf_counter()
-    result = aot.run_matrix(targets, args.op, args.out, args.jobs, None if args.quiet else _progress)
+    result = aot.run_matrix(targets, args.op, args.out, args.jobs, None if args.quiet else _progress,
+                            with_resources=args.report or args.no_spills)  # fmt: skip
     failures = list(result.failures)
-    for name, records in result.kernels.items():
+    for name, records in result.manifest.items():
         for record in records:
             used = record.get("resources")
             if used and args.report:

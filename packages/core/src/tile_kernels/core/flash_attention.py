@@ -636,7 +636,7 @@ def check(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.
         raise ValueError(f"{NAME}: window must be a pair of ints >= -1 (left, right; -1 = unbounded), got {window!r}")
     if softmax_scale is not None:
         checks.check_real(NAME, "softmax_scale", softmax_scale, "None or a finite number")
-    if not (isinstance(softcap, (int, float)) and softcap >= 0 and math.isfinite(softcap)):
+    if checks.check_real(NAME, "softcap", softcap, "a finite number >= 0") < 0:
         raise ValueError(f"{NAME}: softcap must be a finite number >= 0, got {softcap!r}")
 
 
