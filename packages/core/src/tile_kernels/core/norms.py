@@ -218,10 +218,7 @@ def _load_row(DY, H, DH, MEAN, RSTD, row, row_end, stride_dy, stride_h, stride_d
     dh = tl.zeros_like(dy)
     if HAS_DH:
         dh = tl.load(DH + row * stride_dh + cols, mask=mask, other=0.0)
-    rstd = tl.load(RSTD + last)
-    mean = 0.0
-    if not IS_RMS:
-        mean = tl.load(MEAN + last)
+    mean, rstd = _row_stats(MEAN, RSTD, last, IS_RMS)
     return h, dy, dh, mean, rstd
 
 

@@ -116,9 +116,11 @@ def build_decode_step(
     packed = pack_weights(config, layers)
     kernel = None
     if backend == "triton":
-        from .kernel import Megakernel
+        from .kernel import TILE_BUDGET, Megakernel
 
-        options = {} if tile_budget is None else {"tile_budget": tile_budget}
-        kernel = Megakernel(graph, sched, packed, device, debug=debug, timeout_s=timeout_s, seed=seed, **options)
+        budget = TILE_BUDGET if tile_budget is None else tile_budget
+        kernel = Megakernel(
+            graph, sched, packed, device, debug=debug, timeout_s=timeout_s, seed=seed, tile_budget=budget
+        )
         packed = None  # the kernel holds its own copy (the weight arena)
     return DecodeStep(config, graph, sched, packed, backend, seed, kernel)
