@@ -88,7 +88,7 @@ class JaxDriver:
             return _as_tuple(getattr(self.ops, op)(**{**args, **dict(zip(names, diff))}))
 
         outs, vjp_fn = self.jax.vjp(f, *[args[k] for k in names])
-        grads = vjp_fn(tuple(self.array(c) for c in cotangents))
+        grads = vjp_fn(tuple(self.jnp.asarray(c, o.dtype) for c, o in zip(cotangents, outs)))  # JAX: the output's dtype
         return tuple(self.numpy(o) for o in outs), {k: self.numpy(g) for k, g in zip(names, grads)}
 
 

@@ -135,8 +135,8 @@ def forward(
     n_rows: int, n_classes: int, dim: int, *, dtype: str, target_dtype: str, reduction: str, ignore_index: int,
     chunk_size: int | None, grad_hidden: bool, grad_weight: bool, target: Target,
 ) -> Plan:  # fmt: skip
-    """Inputs hidden (N, D), weight (V, D), target (N,). Outputs loss ((N,) for 'none', else (1,)) in the input
-    dtype; lse (N,) and count (1,) fp32 (count: the non-ignored rows, 0 for 'none'); for sum/mean with grad_* the
+    """Inputs hidden (N, D), weight (V, D), target (N,). Outputs loss ((N,) for 'none', else (1,)) in float32 (as
+    the unfused loss of upcast logits); lse (N,) and count (1,) fp32 (count: the non-ignored rows, 0 for 'none'); for sum/mean with grad_* the
     unscaled gradients dhidden (N, D) / dweight (V, D), else (0, D) placeholders."""
     reduced = reduction != "none"
     grad_hidden, grad_weight = reduced and grad_hidden, reduced and grad_weight
@@ -144,7 +144,7 @@ def forward(
     row_ranges = chunks(n_rows, n_classes, dim, chunk_size)
     chunk = max((r1 - r0 for r0, r1 in row_ranges), default=0)
     buffers = {
-        "loss": BufferSpec((1,) if reduced else (n_rows,), dtype, zeroed=empty and not reduced),
+        "loss": BufferSpec((1,) if reduced else (n_rows,), "float32", zeroed=empty and not reduced),
         "lse": BufferSpec((n_rows,), "float32", zeroed=empty),
         "count": BufferSpec((1,), "float32", zeroed=not reduced),
         **_grad_buffers(n_rows, n_classes, dim, dtype, grad_hidden, grad_weight),
@@ -197,7 +197,7 @@ def backward(
             )
         )  # fmt: skip
         steps += _gradient_gemms(r0, r1, n_rows, logits, grad_hidden, grad_weight)
-    inputs = {"dloss": dtype, "hidden": dtype, "weight": dtype, "target": target_dtype, "lse": "float32"}
+    inputs = {"dloss": "float32", "hidden": dtype, "weight": dtype, "target": target_dtype, "lse": "float32"}
     return Plan(inputs, buffers, tuple(steps), ("dhidden", "dweight"))
 
 
@@ -210,7 +210,7 @@ def scale_gradients(n_hidden: int, n_weight: int, *, dtype: str, reduction: str,
         for name, n in (("dhidden", n_hidden), ("dweight", n_weight))
         if n > 0
     )  # fmt: skip
-    inputs = {"dloss": dtype, "count": "float32", "dhidden": dtype, "dweight": dtype}
+    inputs = {"dloss": "float32", "count": "float32", "dhidden": dtype, "dweight": dtype}
     return Plan(inputs, {}, steps, ("dhidden", "dweight"))
 
 

@@ -58,15 +58,21 @@ def rotary_kernel(
 PAIRS_PER_PROGRAM = 2048  # rows per program = this / (head_dim / 2): ~8 KB of bf16 in and out per program
 
 
-def check(x, cos, sin, interleaved=False) -> None:
+def check(x, cos, sin, interleaved=False, per_sequence=False) -> None:
+    """per_sequence: tables may also be (batch, seqlen, head_dim / 2), one per sequence (torch adapter)."""
     checks.check_float(NAME, "x", x)
     if len(x.shape) != 4:
         raise ValueError(f"{NAME}: x must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(x.shape)}")
     if x.shape[-1] % 2:
         raise ValueError(f"{NAME}: x's head_dim must be even, got {x.shape[-1]}")
+    shape = (x.shape[1], x.shape[-1] // 2)
+    if per_sequence and len(cos.shape) == 3:
+        shape, what = (x.shape[0], *shape), "(batch, seqlen, head_dim / 2) of x"
+    else:
+        what = "(seqlen, head_dim / 2) of x" + (", or (batch, seqlen, head_dim / 2)" if per_sequence else "")
     for name, table in (("cos", cos), ("sin", sin)):
         checks.check_float(NAME, name, table)
-        checks.check_shape(NAME, name, table, (x.shape[1], x.shape[-1] // 2), "(seqlen, head_dim / 2) of x")
+        checks.check_shape(NAME, name, table, shape, what)
 
 
 def rotate(

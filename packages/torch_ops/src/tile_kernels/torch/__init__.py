@@ -6,12 +6,14 @@ TRITON_INTERPRET=1 was set before import, and a call raises a clear error otherw
 from ._distributed import register_rules
 from .cross_entropy import cross_entropy, cross_entropy_bwd, cross_entropy_fwd
 from .flash_attention import flash_attention, flash_attention_bwd, flash_attention_fwd
+from . import nn
 from .fused_linear_cross_entropy import (
     fused_linear_cross_entropy,
     fused_linear_cross_entropy_bwd,
     fused_linear_cross_entropy_fwd,
     fused_linear_cross_entropy_scale_,
 )
+from .models import apply_to
 from .norms import layer_norm, layer_norm_bwd, layer_norm_fwd, rms_norm, rms_norm_bwd, rms_norm_fwd
 from .rotary import apply_rotary, apply_rotary_bwd, apply_rotary_fwd
 from .softmax import softmax, softmax_bwd, softmax_fwd
@@ -20,7 +22,7 @@ from .swiglu import swiglu, swiglu_bwd, swiglu_fwd
 register_rules()  # DTensor sharding strategies of the ops above (tile_kernels.core.sharding)
 
 __all__ = [
-    "apply_rotary", "apply_rotary_bwd", "apply_rotary_fwd", "cross_entropy", "cross_entropy_bwd", "cross_entropy_fwd",
+    "apply_rotary", "apply_rotary_bwd", "apply_to", "nn", "apply_rotary_fwd", "cross_entropy", "cross_entropy_bwd", "cross_entropy_fwd",
     "flash_attention", "flash_attention_bwd", "flash_attention_fwd",
     "fused_linear_cross_entropy", "fused_linear_cross_entropy_bwd", "fused_linear_cross_entropy_fwd",
     "fused_linear_cross_entropy_scale_",

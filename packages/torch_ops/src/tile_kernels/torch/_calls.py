@@ -5,10 +5,14 @@ ops that make them are custom ops with fake implementations."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from tile_kernels.core import Plan
+from tile_kernels.core import Plan, backends
 from tile_kernels.core.host import poisoning
+
+from ._runtime import is_eager
 
 
 def platform(device: torch.device) -> str:
@@ -38,3 +42,19 @@ def run_calls(plan: Plan, *inputs: torch.Tensor, device: torch.device) -> tuple[
     for call in plan.launches:
         call.load()(*(bufs[name] for name in call.reads + call.writes), *call.attrs.values())
     return tuple(bufs[name] for name in plan.outputs)
+
+
+@functools.lru_cache(maxsize=256)
+def _resolve_eager(op: str, backend: str | None, platform_name: str) -> str:
+    return backends.resolve(op, backend, platform_name)
+
+
+# resolved while tracing too: torch.compile takes the result as a constant
+_resolve_traced = torch.compiler.assume_constant_result(backends.resolve)
+
+
+def resolve_backend(op: str, backend: str | None, device: torch.device, *tensors) -> str:
+    """backends.resolve for a call on `device`, cached in eager (toolchains do not come and go within a process)."""
+    cacheable = backend is None or type(backend) is str
+    resolve = _resolve_eager if cacheable and is_eager(tensors) else _resolve_traced
+    return resolve(op, backend, platform(device))

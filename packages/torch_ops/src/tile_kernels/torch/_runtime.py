@@ -1,5 +1,13 @@
-"""Executes core Plans on torch tensors: buffers from torch's allocator, kernels through `wrap_triton` so that
-torch.compile sees them. On CPU tensors the kernels run in Triton's interpreter (TRITON_INTERPRET=1)."""
+"""Executes core Plans on torch tensors, and routes a call either straight to its kernels (eager) or through the
+registered op (torch.compile, DTensor, fake tensors, dispatch modes).
+
+Two ways to one set of kernels:
+- eager, plain tensors: `Executor` runs a Plan cached per call signature, each compiled Triton kernel launched through
+  its bound launcher (Triton's `CompiledKernel.run`, specialized per pointer alignment), autograd through a plain
+  `torch.autograd.Function`. This is what a PyTorch user calling the op pays for: one Python layer over the launches.
+- everything else: the registered `torch.library` op (triton_op / custom_op), whose body is the same function;
+  under tracing its launches go through `wrap_triton`, so torch.compile sees the kernels.
+On CPU tensors the kernels run in Triton's interpreter (TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
 
@@ -8,20 +16,59 @@ import math
 
 import torch
 from torch._functorch import config as functorch_config
-from torch._subclasses.fake_tensor import is_fake
 from torch.library import wrap_triton
+from triton import knobs
 
 from tile_kernels.core import Plan, Target
 from tile_kernels.core.host import interpreting, poisoning
-from tile_kernels.core.plan import Gemm, resolve
+from tile_kernels.core.plan import Gemm, Rows, is_ref
 
 _LIBRARY = torch.library.Library("tile_kernels", "FRAGMENT")
+_INTERPRETING = interpreting()  # Triton reads the switch at import, so it cannot change later either
 
-if interpreting() and hasattr(functorch_config, "decompose_custom_triton_ops"):
+if _INTERPRETING and hasattr(functorch_config, "decompose_custom_triton_ops"):
     # AOTAutograd would trace the triton ops' bodies with fake tensors, on which the interpreter launches nothing
-    # (run_plan returns the unwritten buffers): a compiled graph would return uninitialized memory. Kept as graph
+    # (the Executor returns the unwritten buffers): a compiled graph would return uninitialized memory. Kept as graph
     # nodes, the ops run the interpreted kernels when the graph runs.
     functorch_config.decompose_custom_triton_ops = False
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def is_eager(args) -> bool:
+    """True when a call with `args` may skip the registered op: not tracing (torch.compile, fake tensors), no tensor
+    subclass (DTensor), no dispatch mode or functorch transform that must see the op."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active():
+        return False
+    return all(type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor))
+
+
+def eager_op(op, impl, setup_context=None, backward=None):
+    """The call of a kernel-level op: `impl(*args)` (the op's body) directly when `is_eager(args)`, through an
+    autograd.Function made of the op's own `setup_context` / `backward` when a gradient is wanted; `op(*args)`
+    otherwise. Registers the same formula as the op's autograd, so both ways differentiate alike."""
+    if backward is not None:
+        op.register_autograd(backward, setup_context=setup_context)
+
+        def forward(ctx, *args):
+            out = impl(*args)
+            setup_context(ctx, args, out)
+            return out
+
+        function = type(op._name.split("::")[-1], (torch.autograd.Function,),
+                        {"forward": staticmethod(forward), "backward": staticmethod(backward)})  # fmt: skip
+
+    def call(*args):
+        if not is_eager(args):
+            return op(*args)
+        if backward is not None and torch.is_grad_enabled():
+            if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                return function.apply(*args)
+        return impl(*args)
+
+    call.__name__ = call.__qualname__ = op._name.split("::")[-1]
+    call.__doc__ = impl.__doc__
+    return call
 
 
 def register_public_op(schema: str, fn) -> None:
@@ -33,20 +80,28 @@ def register_public_op(schema: str, fn) -> None:
 
 def check_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
     """All tensors on one device, and that device can run the kernels. Returns the device."""
-    present = {name: t for name, t in tensors.items() if t is not None}
-    devices = {t.device for t in present.values()}
-    if len(devices) > 1:
-        where = ", ".join(f"{name} on {t.device}" for name, t in present.items())
-        raise ValueError(f"{op}: all tensors must be on one device, got {where}")
-    device = devices.pop()
-    if device.type == "cpu" and not interpreting():
+    device = None
+    for t in tensors.values():
+        if t is None:
+            continue
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            where = ", ".join(f"{name} on {t.device}" for name, t in tensors.items() if t is not None)
+            raise ValueError(f"{op}: all tensors must be on one device, got {where}")
+    if device.type == "cuda":
+        return device
+    if device.type == "cpu":
+        if _INTERPRETING:
+            return device
         raise ValueError(
             f"{op}: got CPU tensors; the kernels run on CUDA/ROCm devices, or on the CPU in Triton's interpreter "
             "(set TRITON_INTERPRET=1 before importing tile_kernels)"
         )
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{op}: tensors must be on a CUDA/ROCm device, got {device}")
-    return device
+    raise ValueError(
+        f"{op}: tensors must be on a CUDA/ROCm device (or on the CPU with TRITON_INTERPRET=1 set before importing "
+        f"tile_kernels), got {device}"
+    )
 
 
 @functools.cache
@@ -70,34 +125,136 @@ def as_rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
     return rows, rows.stride(0) if rows.shape[0] > 1 else n
 
 
-def run_plan(plan: Plan, *inputs: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
-    bufs = dict(zip(plan.inputs, inputs, strict=True))
-    poison = poisoning()
-    for name, spec in plan.buffers.items():
-        dtype = getattr(torch, spec.dtype)
-        if spec.zeroed:
-            bufs[name] = torch.zeros(spec.shape, dtype=dtype, device=device)
-        elif poison and dtype.is_floating_point:
-            bufs[name] = torch.full(spec.shape, float("nan"), dtype=dtype, device=device)
-        else:
-            bufs[name] = torch.empty(spec.shape, dtype=dtype, device=device)
-    if interpreting() and any(is_fake(t) for t in inputs):
-        return tuple(bufs[name] for name in plan.outputs)  # tracing: shapes only; the interpreter cannot run on fakes
-    for launch in plan.launches:
-        if isinstance(launch, Gemm):
-            _gemm(bufs, launch)
-            continue
-        wrap_triton(launch.kernel)[launch.grid](
-            *launch.arguments(bufs), **launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages
-        )
-    return tuple(bufs[name] for name in plan.outputs)
+@functools.lru_cache(maxsize=4096)
+def _cached_executor(builder, *args, **kwargs) -> Executor:
+    return Executor(builder(*args, **kwargs))
 
 
-def _gemm(bufs: dict, step: Gemm) -> None:
+def executor(builder, *args, **kwargs) -> Executor:
+    """The Executor of the Plan `builder(*args, **kwargs)`, cached per arguments (plans are pure functions of them);
+    built anew when an argument is unhashable (symbolic sizes while torch.compile traces)."""
+    try:
+        return _cached_executor(builder, *args, **kwargs)
+    except TypeError:
+        return Executor(builder(*args, **kwargs))
+
+
+class Executor:
+    """Runs one Plan: allocates its buffers, then runs its steps over a flat list of tensors (inputs, then buffers)
+    whose slots were resolved once, when the Executor was built."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        slots = {name: i for i, name in enumerate((*plan.inputs, *plan.buffers))}
+        self.buffers = [(spec.shape, getattr(torch, spec.dtype), spec.zeroed) for spec in plan.buffers.values()]
+        self.steps = [_GemmStep(s, slots) if isinstance(s, Gemm) else _LaunchStep(s, slots) for s in plan.launches]
+        self.outputs = [slots[name] for name in plan.outputs]
+
+    def __call__(self, *inputs: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
+        tensors = list(inputs)
+        poison = poisoning()
+        for shape, dtype, zeroed in self.buffers:
+            if zeroed:
+                tensors.append(torch.zeros(shape, dtype=dtype, device=device))
+            elif poison and dtype.is_floating_point:
+                tensors.append(torch.full(shape, float("nan"), dtype=dtype, device=device))
+            else:
+                tensors.append(torch.empty(shape, dtype=dtype, device=device))
+        if is_eager(inputs):
+            for step in self.steps:
+                step.run(tensors, device)
+        elif not _INTERPRETING:  # tracing: the kernels as graph nodes
+            for step in self.steps:
+                step.trace(tensors)
+        # tracing on the CPU: shapes only (the interpreter cannot run on fake tensors; the ops stay graph nodes)
+        return tuple(tensors[i] for i in self.outputs)
+
+
+def _slot(ref, slots):
+    """A plan reference as (slot, start, stop): rows [start, stop) of the slot's tensor, or all of it (None)."""
+    return (slots[ref.name], ref.start, ref.stop) if isinstance(ref, Rows) else (slots[ref], None, None)
+
+
+def _get(tensors, slot):
+    i, start, stop = slot
+    return tensors[i] if start is None else tensors[i][start:stop]
+
+
+class _LaunchStep:
+    """One Triton launch. On a GPU the compiled kernel is called through its bound launcher (what
+    `JITFunction.run` ends in, without re-binding and re-specializing the arguments on every call): bound per device
+    and per 16-byte alignment of the pointer arguments, the one property of a call's tensors that Triton specializes
+    on and a cached plan does not fix (their dtypes, the ints and the constexprs are the plan's)."""
+
+    def __init__(self, launch, slots):
+        self.launch = launch
+        names = launch.reads + launch.writes
+        anchor = _slot(next(a for a in launch.reads if is_ref(a)), slots)  # stands in for absent pointers
+        self.args = [_slot(a, slots) if is_ref(a) else anchor if a is None else a for a in names]
+        self.tensor_args = [i for i, a in enumerate(names) if is_ref(a) or a is None]
+        kernel = launch.kernel
+        self.grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+        options = dict(launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
+        self.options = options
+        self.bound: dict = {}
+        if not _INTERPRETING:  # the bound launcher takes every parameter: the constexprs follow the others (plan.py)
+            defaults = {p.name: p.default for p in kernel.params}
+            self.constexprs = tuple(launch.constexprs.get(n, defaults[n]) for n in kernel.arg_names[len(names) :])
+
+    def _arguments(self, tensors):
+        args = list(self.args)
+        for i in self.tensor_args:
+            args[i] = _get(tensors, args[i])
+        return args
+
+    def run(self, tensors, device):
+        args = self._arguments(tensors)
+        kernel = self.launch.kernel
+        if _INTERPRETING:
+            kernel[self.grid](*args, **self.options)
+            return
+        index = device.index
+        key = (index, *(args[i].data_ptr() & 15 == 0 for i in self.tensor_args))
+        bound = self.bound.get(key)
+        if bound is None or _profiled():  # first call (compiles or loads), or a profiler's hooks
+            with torch.cuda.device(index):
+                compiled = kernel[self.grid](*args, **self.options)
+            self.bound[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+            return
+        run, function, metadata = bound
+        if index != torch.cuda.current_device():
+            with torch.cuda.device(index):
+                run(*self.grid, _stream(index), function, metadata, None, None, None, *args, *self.constexprs)
+            return
+        run(*self.grid, _stream(index), function, metadata, None, None, None, *args, *self.constexprs)
+
+    def trace(self, tensors):
+        wrap_triton(self.launch.kernel)[self.grid](*self._arguments(tensors), **self.options)
+
+
+class _GemmStep:
     """torch's matmul (cuBLAS / hipBLAS: fp32 accumulation) into the plan's buffer; += through addmm's beta = 1."""
-    a, b, out = (resolve(bufs, ref) for ref in (step.a, step.b, step.out))
-    a, b = a.t() if step.trans_a else a, b.t() if step.trans_b else b
-    if step.accumulate:
-        out.addmm_(a, b)
-    else:
-        torch.mm(a, b, out=out)
+
+    def __init__(self, gemm: Gemm, slots):
+        self.gemm = gemm
+        self.a, self.b, self.out = (_slot(r, slots) for r in (gemm.a, gemm.b, gemm.out))
+
+    def run(self, tensors, device=None):
+        a, b, out = _get(tensors, self.a), _get(tensors, self.b), _get(tensors, self.out)
+        a, b = a.t() if self.gemm.trans_a else a, b.t() if self.gemm.trans_b else b
+        if self.gemm.accumulate:
+            out.addmm_(a, b)
+        else:
+            torch.mm(a, b, out=out)
+
+    trace = run
+
+
+def _stream(index: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(index)
+
+
+def _profiled() -> bool:
+    """A launch hook is set (a profiler such as Proton): launches then go through Triton's own path, which calls it."""
+    hook = knobs.runtime.launch_enter_hook
+    return hook is not None and bool(getattr(hook, "calls", True))  # Triton 3.6+: a chain of hooks, empty when unused

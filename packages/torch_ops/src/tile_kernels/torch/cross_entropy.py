@@ -9,7 +9,7 @@ from tile_kernels.core import cross_entropy as core
 from tile_kernels.core import dtype_name
 
 from ._distributed import is_dtensor, replicated
-from ._runtime import as_rows, check_device, register_public_op, run_plan, target
+from ._runtime import as_rows, check_device, eager_op, executor, register_public_op, target
 
 
 def _settings(logits, labels, ignore_index, reduction, label_smoothing):
@@ -17,44 +17,48 @@ def _settings(logits, labels, ignore_index, reduction, label_smoothing):
                 ignore_index=ignore_index, label_smoothing=label_smoothing, target=target(logits.device))  # fmt: skip
 
 
-@triton_op("tile_kernels::cross_entropy_fwd", mutates_args=())
-def cross_entropy_fwd(
+def _fwd(
     logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (loss, lse, count): loss () or (N,) in logits' dtype; lse (N,) and count (1,) fp32 for the backward."""
     rows, classes = logits.shape
     logits2, stride = as_rows(logits, classes)
     settings = _settings(logits, target, ignore_index, reduction, label_smoothing)
-    plan = core.forward(1, rows, classes, stride_row=stride, **settings)
-    loss, lse, count = run_plan(plan, logits2, target.contiguous(), device=logits.device)
+    run = executor(core.forward, 1, rows, classes, stride_row=stride, **settings)
+    loss, lse, count = run(logits2, target.contiguous(), device=logits.device)
     return loss.view(() if reduction != "none" else (rows,)), lse.view(rows), count
 
 
-@triton_op("tile_kernels::cross_entropy_bwd", mutates_args=())
-def cross_entropy_bwd(
+def _bwd(
     dloss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, count: torch.Tensor,
     ignore_index: int, reduction: str, label_smoothing: float,
 ) -> torch.Tensor:  # fmt: skip
     rows, classes = logits.shape
     logits2, stride = as_rows(logits, classes)
     settings = _settings(logits, target, ignore_index, reduction, label_smoothing)
-    plan = core.backward(1, rows, classes, stride_row=stride, **settings)
+    run = executor(core.backward, 1, rows, classes, stride_row=stride, **settings)
     inputs = (logits2, target.contiguous(), lse, dloss.contiguous(), count)
-    return run_plan(plan, *inputs, device=logits.device)[0].view(rows, classes)
+    return run(*inputs, device=logits.device)[0].view(rows, classes)
 
 
 def _setup_context(ctx, inputs, output):
     logits, target, ctx.ignore_index, ctx.reduction, ctx.label_smoothing = inputs
     _, lse, count = output
     ctx.save_for_backward(logits, target, lse, count)
+    ctx.set_materialize_grads(False)  # lse and count get no zero-filled cotangents
 
 
 def _backward(ctx, dloss, _dlse, _dcount):
+    if dloss is None:  # only lse or count was used: neither is differentiable
+        return None, None, None, None, None
     dlogits = cross_entropy_bwd(dloss, *ctx.saved_tensors, ctx.ignore_index, ctx.reduction, ctx.label_smoothing)
     return dlogits, None, None, None, None
 
 
-cross_entropy_fwd.register_autograd(_backward, setup_context=_setup_context)
+cross_entropy_bwd = eager_op(triton_op("tile_kernels::cross_entropy_bwd", mutates_args=())(_bwd), _bwd)
+cross_entropy_fwd = eager_op(
+    triton_op("tile_kernels::cross_entropy_fwd", mutates_args=())(_fwd), _fwd, _setup_context, _backward
+)
 
 
 def cross_entropy(

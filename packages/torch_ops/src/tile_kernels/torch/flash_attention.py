@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op, triton_op
 
-from tile_kernels.core import backends, dtype_name
+from tile_kernels.core import dtype_name
 from tile_kernels.core import flash_attention as core
 
-from ._calls import cuda_arch, platform, run_calls
-from ._runtime import check_device, register_public_op, run_plan, target
+from ._calls import cuda_arch, resolve_backend, run_calls
+from ._runtime import check_device, eager_op, executor, register_public_op, target
 
 
 def _bshd(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
@@ -54,8 +54,7 @@ def _(q, k, v, causal, window_left, window_right, softmax_scale, softcap, backen
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
-@triton_op("tile_kernels::flash_attention_fwd", mutates_args=())
-def flash_attention_fwd(
+def _fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window_left: int, window_right: int,
     softmax_scale: float, softcap: float, backend: str = "triton",
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -64,19 +63,18 @@ def flash_attention_fwd(
     if backend != "triton":
         return flash_attention_fwd_compiled(q, k, v, causal, window_left, window_right, softmax_scale, softcap, backend)
     sizes, settings, qkv = _settings(q, k, v, causal, window_left, window_right, softmax_scale, softcap)
-    out, lse = run_plan(core.forward(*sizes, **settings), *qkv, device=q.device)
+    out, lse = executor(core.forward, *sizes, **settings)(*qkv, device=q.device)
     return out, lse
 
 
-@triton_op("tile_kernels::flash_attention_bwd", mutates_args=())
-def flash_attention_bwd(
+def _bwd(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     causal: bool, window_left: int, window_right: int, softmax_scale: float, softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Returns (dq, dk, dv), shaped as q, k, v."""
     sizes, settings, qkv = _settings(q, k, v, causal, window_left, window_right, softmax_scale, softcap)
-    plan = core.backward(*sizes, **settings)
-    dq, dk, dv = run_plan(plan, *qkv, out.contiguous(), dout.contiguous(), lse.contiguous(), device=q.device)
+    run = executor(core.backward, *sizes, **settings)
+    dq, dk, dv = run(*qkv, out.contiguous(), dout.contiguous(), lse.contiguous(), device=q.device)
     return dq, dk, dv
 
 
@@ -85,6 +83,7 @@ def _setup_context(ctx, inputs, output):
     ctx.options = options  # the backward is Triton's for every backend
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
+    ctx.set_materialize_grads(False)  # lse gets no zero-filled cotangent
 
 
 def _backward(ctx, dout, _dlse):
@@ -92,7 +91,10 @@ def _backward(ctx, dout, _dlse):
     return dq, dk, dv, None, None, None, None, None, None
 
 
-flash_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+flash_attention_bwd = eager_op(triton_op("tile_kernels::flash_attention_bwd", mutates_args=())(_bwd), _bwd)
+flash_attention_fwd = eager_op(
+    triton_op("tile_kernels::flash_attention_fwd", mutates_args=())(_fwd), _fwd, _setup_context, _backward
+)
 
 
 def flash_attention(
@@ -105,13 +107,9 @@ def flash_attention(
     bfloat16), or None for the default of the device (tile_kernels.core.backends)."""
     core.check(q, k, v, causal, window, softmax_scale, softcap)
     device = check_device(core.NAME, q=q, k=k, v=v)
-    backend = _resolve(core.NAME, backend, platform(device))
+    backend = resolve_backend(core.NAME, backend, device, q)
     causal, (left, right), scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)
     return flash_attention_fwd(q, k, v, causal, left, right, scale, softcap, backend)[0]
-
-
-# resolved while tracing too: torch.compile takes the result as a constant
-_resolve = torch.compiler.assume_constant_result(backends.resolve)
 
 
 def _public(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0, backend=None):

@@ -23,7 +23,7 @@ from tile_kernels.core import dtype_name
 from tile_kernels.core import fused_linear_cross_entropy as core
 
 from ._distributed import is_dtensor, replicated
-from ._runtime import check_device, register_public_op, run_plan
+from ._runtime import check_device, eager_op, executor, register_public_op
 from ._runtime import target as device_target
 
 
@@ -32,44 +32,53 @@ def _settings(hidden, labels, ignore_index, chunk_size):
                 chunk_size=chunk_size, target=device_target(hidden.device))  # fmt: skip
 
 
-@triton_op("tile_kernels::fused_linear_cross_entropy_fwd", mutates_args=())
-def fused_linear_cross_entropy_fwd(
+def _fwd(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
     chunk_size: int | None, grad_hidden: bool, grad_weight: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Returns (loss, lse, count, dhidden, dweight): loss () or (N,) in hidden's dtype; lse (N,) and count (1,) fp32;
+    """Returns (loss, lse, count, dhidden, dweight): loss () or (N,) in float32; lse (N,) and count (1,) fp32;
     for sum/mean the gradients for a unit cotangent where grad_* asks for them, else (0, D) placeholders. Not
     differentiable itself (see the module docstring): the public op is."""
     rows, dim = hidden.shape
-    plan = core.forward(rows, weight.shape[0], dim, reduction=reduction, grad_hidden=grad_hidden,
-                        grad_weight=grad_weight, **_settings(hidden, target, ignore_index, chunk_size))  # fmt: skip
-    loss, lse, count, dhidden, dweight = run_plan(plan, hidden, weight, target.contiguous(), device=hidden.device)
+    run = executor(core.forward, rows, weight.shape[0], dim, reduction=reduction, grad_hidden=grad_hidden,
+                   grad_weight=grad_weight, **_settings(hidden, target, ignore_index, chunk_size))  # fmt: skip
+    loss, lse, count, dhidden, dweight = run(hidden, weight, target.contiguous(), device=hidden.device)
     return loss.view(() if reduction != "none" else (rows,)), lse, count, dhidden, dweight
 
 
-@triton_op("tile_kernels::fused_linear_cross_entropy_bwd", mutates_args=())
-def fused_linear_cross_entropy_bwd(
+def _bwd(
     dloss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
     ignore_index: int, chunk_size: int | None, grad_hidden: bool, grad_weight: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Reduction 'none': (dhidden, dweight) from the per-row cotangent dloss (N,); (0, D) placeholders where not
     asked for."""
     rows, dim = hidden.shape
-    plan = core.backward(rows, weight.shape[0], dim, grad_hidden=grad_hidden, grad_weight=grad_weight,
-                         **_settings(hidden, target, ignore_index, chunk_size))  # fmt: skip
-    inputs = (dloss.contiguous(), hidden, weight, target.contiguous(), lse)
-    dhidden, dweight = run_plan(plan, *inputs, device=hidden.device)
+    run = executor(core.backward, rows, weight.shape[0], dim, grad_hidden=grad_hidden, grad_weight=grad_weight,
+                   **_settings(hidden, target, ignore_index, chunk_size))  # fmt: skip
+    inputs = (dloss.float().contiguous(), hidden, weight, target.contiguous(), lse)
+    dhidden, dweight = run(*inputs, device=hidden.device)
     return dhidden, dweight
 
 
-@triton_op("tile_kernels::fused_linear_cross_entropy_scale_", mutates_args=("dhidden", "dweight"))
-def fused_linear_cross_entropy_scale_(
+def _scale_(
     dloss: torch.Tensor, count: torch.Tensor, dhidden: torch.Tensor, dweight: torch.Tensor, reduction: str
 ) -> None:
     """Reduction sum/mean: dhidden and dweight *= dloss (sum) or dloss / count (mean), in place."""
-    plan = core.scale_gradients(dhidden.numel(), dweight.numel(), dtype=dtype_name(dhidden.dtype), reduction=reduction,
-                                target=device_target(dhidden.device))  # fmt: skip
-    run_plan(plan, dloss.reshape(1), count, dhidden, dweight, device=dhidden.device)
+    run = executor(core.scale_gradients, dhidden.numel(), dweight.numel(), dtype=dtype_name(dhidden.dtype),
+                   reduction=reduction, target=device_target(dhidden.device))  # fmt: skip
+    run(dloss.reshape(1).float(), count, dhidden, dweight, device=dhidden.device)
+
+
+fused_linear_cross_entropy_fwd = eager_op(
+    triton_op("tile_kernels::fused_linear_cross_entropy_fwd", mutates_args=())(_fwd), _fwd
+)
+fused_linear_cross_entropy_bwd = eager_op(
+    triton_op("tile_kernels::fused_linear_cross_entropy_bwd", mutates_args=())(_bwd), _bwd
+)
+fused_linear_cross_entropy_scale_ = eager_op(
+    triton_op("tile_kernels::fused_linear_cross_entropy_scale_", mutates_args=("dhidden", "dweight"))(_scale_),
+    _scale_,
+)
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
@@ -112,7 +121,8 @@ def fused_linear_cross_entropy(
 ) -> torch.Tensor:  # fmt: skip
     """F.cross_entropy(hidden @ weight.T, target, ignore_index=..., reduction=...) for hidden (N, D), weight (V, D)
     and integer targets (N,), computed chunk_size rows at a time (None: a size chosen for the shapes) so that the
-    (N, V) logits never exist. Differentiable in hidden and weight."""
+    (N, V) logits never exist. Differentiable in hidden and weight. The loss is float32 whatever the inputs' dtype
+    (as the loss of logits upcast to float32, which Hugging Face models compute)."""
     core.check(hidden, weight, target, ignore_index, reduction, chunk_size)
     check_device(core.NAME, hidden=hidden, weight=weight, target=target)
     grad = torch.is_grad_enabled()
@@ -125,7 +135,7 @@ def fused_linear_cross_entropy(
     else:  # no graph to record: the forward alone
         loss, _, count, _, _ = fused_linear_cross_entropy_fwd(*args, False, False)
     if summed:
-        return (loss.float() / replicated(count.detach().view(()))).to(hidden.dtype)  # one all-reduce (the count)
+        return loss / replicated(count.detach().view(()))  # one all-reduce (the count)
     return loss
 
 

@@ -13,12 +13,12 @@ import math
 import torch
 from torch.library import custom_op, triton_op
 
-from tile_kernels.core import backends, dtype_name, norms
+from tile_kernels.core import dtype_name, norms
 from tile_kernels.core import layer_norm as layer_core
 from tile_kernels.core import rms_norm as rms_core
 
-from ._calls import cuda_arch, platform, run_calls
-from ._runtime import as_rows, check_device, register_public_op, run_plan, target
+from ._calls import cuda_arch, resolve_backend, run_calls
+from ._runtime import as_rows, check_device, eager_op, executor, register_public_op, target
 
 NO_TENSOR = (0,)  # shape of the placeholder returned for an absent output (h without residual, dbias without bias)
 
@@ -29,12 +29,12 @@ def _forward(x, weight, bias, residual, eps, is_rms):
     weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()  # the kernels read unit strides
     x2, stride_x = as_rows(x, n)
     r2, stride_r = as_rows(residual, n) if residual is not None else (None, None)
-    plan = norms.forward(
-        1, x2.shape[0], n, is_rms=is_rms, x_dtype=dtype_name(x.dtype), weight_dtype=dtype_name(weight.dtype),
-        has_residual=residual is not None, has_bias=bias is not None, eps=eps, target=target(x.device),
-        stride_x=stride_x, stride_residual=stride_r,
+    run = executor(
+        norms.forward, 1, x2.shape[0], n, is_rms=is_rms, x_dtype=dtype_name(x.dtype),
+        weight_dtype=dtype_name(weight.dtype), has_residual=residual is not None, has_bias=bias is not None, eps=eps,
+        target=target(x.device), stride_x=stride_x, stride_residual=stride_r,
     )  # fmt: skip
-    outs = run_plan(plan, *(t for t in (x2, weight, bias, r2) if t is not None), device=x.device)
+    outs = run(*(t for t in (x2, weight, bias, r2) if t is not None), device=x.device)
     lead = x.shape[:-1]
     h = outs[1].view(x.shape) if residual is not None else x.new_empty(NO_TENSOR)
     return outs[0].view(x.shape), h, None if is_rms else outs[-2].view(lead), outs[-1].view(lead)
@@ -46,14 +46,14 @@ def _backward(dy, h, weight, mean, rstd, dh, has_bias, is_rms):
     weight = weight.contiguous()
     (dy2, stride_dy), (h2, stride_h) = as_rows(dy, n), as_rows(h, n)
     dh2, stride_dh = as_rows(dh, n) if dh is not None else (None, None)
-    plan = norms.backward(
-        1, h2.shape[0], n, is_rms=is_rms, x_dtype=dtype_name(h.dtype), weight_dtype=dtype_name(weight.dtype),
-        has_bias=has_bias, has_dh=dh is not None, target=target(h.device), stride_dy=stride_dy, stride_h=stride_h,
-        stride_dh=stride_dh,
+    run = executor(
+        norms.backward, 1, h2.shape[0], n, is_rms=is_rms, x_dtype=dtype_name(h.dtype),
+        weight_dtype=dtype_name(weight.dtype), has_bias=has_bias, has_dh=dh is not None, target=target(h.device),
+        stride_dy=stride_dy, stride_h=stride_h, stride_dh=stride_dh,
     )  # fmt: skip
     stats = (rstd.reshape(-1),) if is_rms else (mean.reshape(-1), rstd.reshape(-1))
     inputs = (dy2, h2, weight, *stats) + ((dh2,) if dh is not None else ())
-    grads = run_plan(plan, *inputs, device=h.device)
+    grads = run(*inputs, device=h.device)
     dbias = grads[2].view(n) if has_bias else weight.new_empty(NO_TENSOR)
     return grads[0].view(h.shape), grads[1].view(n), dbias
 
@@ -109,8 +109,7 @@ def _(dy, h, weight, rstd, dh, backend):
     return h.new_empty(h.shape), weight.new_empty(weight.shape)
 
 
-@triton_op("tile_kernels::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(
+def _rms_fwd(
     x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float, backend: str = "triton"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (y, h, rstd); h = x + residual, or an empty placeholder when residual is None. `backend` is a
@@ -121,8 +120,7 @@ def rms_norm_fwd(
     return y, h, rstd
 
 
-@triton_op("tile_kernels::rms_norm_bwd", mutates_args=())
-def rms_norm_bwd(
+def _rms_bwd(
     dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, dh: torch.Tensor | None,
     backend: str = "triton",
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -149,10 +147,10 @@ def _rms_backward(ctx, dy, dh, _drstd):
     return dx, dweight, (dx if ctx.has_residual else None), None, None
 
 
-rms_norm_fwd.register_autograd(_rms_backward, setup_context=_rms_setup_context)
-
-# resolved while tracing too: torch.compile takes the result as a constant
-_resolve = torch.compiler.assume_constant_result(backends.resolve)
+rms_norm_bwd = eager_op(triton_op("tile_kernels::rms_norm_bwd", mutates_args=())(_rms_bwd), _rms_bwd)
+rms_norm_fwd = eager_op(
+    triton_op("tile_kernels::rms_norm_fwd", mutates_args=())(_rms_fwd), _rms_fwd, _rms_setup_context, _rms_backward
+)
 
 
 def rms_norm(
@@ -160,26 +158,36 @@ def rms_norm(
     backend: str | None = None,
 ):  # fmt: skip
     """x / sqrt(mean(x^2) + eps) * weight over the last dim; with residual, h = x + residual and returns (y, h).
-    backend: "triton", "tilelang", "cuda", or None for the default of the device (tile_kernels.core.backends)."""
+    backend: "triton", "tilelang", "cuda", or None for the default of the device (tile_kernels.core.backends).
+    Under torch.autocast a residual of another dtype than x is added in their promoted dtype, as `x + residual`."""
+    x, residual = _promoted_under_autocast(x, residual)
     rms_core.check(x, weight, residual, eps)
     device = check_device(rms_core.NAME, x=x, weight=weight, residual=residual)
-    y, h, _ = rms_norm_fwd(x, weight, residual, float(eps), _resolve(rms_core.NAME, backend, platform(device)))
+    backend = resolve_backend(rms_core.NAME, backend, device, x)
+    y, h, _ = rms_norm_fwd(x, weight, residual, float(eps), backend)
     return y if residual is None else (y, h)
+
+
+def _promoted_under_autocast(x, residual):
+    """(x, residual) in their promoted dtype when they differ under torch.autocast (activations in bfloat16 beside a
+    float32 residual stream), as torch's `x + residual` would add them; unchanged otherwise."""
+    if residual is None or residual.dtype == x.dtype or not torch.is_autocast_enabled(x.device.type):
+        return x, residual
+    dtype = torch.promote_types(x.dtype, residual.dtype)
+    return x.to(dtype), residual.to(dtype)
 
 
 # ------------------------------------------------------------------------------------------------------- layer_norm
 
 
-@triton_op("tile_kernels::layer_norm_fwd", mutates_args=())
-def layer_norm_fwd(
+def _layer_fwd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (y, h, mean, rstd); h = x + residual, or an empty placeholder when residual is None."""
     return _forward(x, weight, bias, residual, eps, is_rms=False)
 
 
-@triton_op("tile_kernels::layer_norm_bwd", mutates_args=())
-def layer_norm_bwd(
+def _layer_bwd(
     dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
     dh: torch.Tensor | None, has_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -203,14 +211,20 @@ def _layer_backward(ctx, dy, dh, _dmean, _drstd):
     return dx, dweight, (dbias if ctx.has_bias else None), (dx if ctx.has_residual else None), None
 
 
-layer_norm_fwd.register_autograd(_layer_backward, setup_context=_layer_setup_context)
+layer_norm_bwd = eager_op(triton_op("tile_kernels::layer_norm_bwd", mutates_args=())(_layer_bwd), _layer_bwd)
+layer_norm_fwd = eager_op(
+    triton_op("tile_kernels::layer_norm_fwd", mutates_args=())(_layer_fwd), _layer_fwd, _layer_setup_context,
+    _layer_backward,
+)
 
 
 def layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5,
     residual: torch.Tensor | None = None,
 ):  # fmt: skip
-    """As F.layer_norm(x, x.shape[-1:], weight, bias, eps); with residual, h = x + residual and returns (y, h)."""
+    """As F.layer_norm(x, x.shape[-1:], weight, bias, eps); with residual, h = x + residual and returns (y, h).
+    Under torch.autocast a residual of another dtype than x is added in their promoted dtype, as `x + residual`."""
+    x, residual = _promoted_under_autocast(x, residual)
     layer_core.check(x, weight, bias, eps, residual)
     check_device(layer_core.NAME, x=x, weight=weight, bias=bias, residual=residual)
     y, h, _, _ = layer_norm_fwd(x, weight, bias, residual, float(eps))

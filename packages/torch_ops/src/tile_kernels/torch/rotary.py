@@ -8,26 +8,27 @@ from torch.library import triton_op
 from tile_kernels.core import dtype_name
 from tile_kernels.core import rotary as core
 
-from ._runtime import as_rows, check_device, register_public_op, run_plan, target
+from ._runtime import as_rows, check_device, eager_op, executor, register_public_op, target
 
 
 def _rotate(x, cos, sin, interleaved, conjugate):
     batch, seqlen, heads, head_dim = x.shape
     x2, stride = as_rows(x, head_dim)
-    plan = core.rotate(
-        1, x2.shape[0], seqlen, heads, head_dim, dtype=dtype_name(x.dtype), table_dtype=dtype_name(cos.dtype),
-        interleaved=interleaved, conjugate=conjugate, target=target(x.device), stride_x=stride,
+    per_sequence = cos.dim() == 3  # a table per sequence: a problem per sequence
+    problems = batch if per_sequence else 1
+    run = executor(
+        core.rotate, problems, x2.shape[0] // max(problems, 1), seqlen, heads, head_dim, dtype=dtype_name(x.dtype),
+        table_dtype=dtype_name(cos.dtype), interleaved=interleaved, conjugate=conjugate, target=target(x.device),
+        stride_x=stride, table_batched=per_sequence,
     )  # fmt: skip
-    return run_plan(plan, x2, cos.contiguous(), sin.contiguous(), device=x.device)[0].view(x.shape)
+    return run(x2, cos.contiguous(), sin.contiguous(), device=x.device)[0].view(x.shape)
 
 
-@triton_op("tile_kernels::apply_rotary_fwd", mutates_args=())
-def apply_rotary_fwd(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+def _fwd(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     return _rotate(x, cos, sin, interleaved, conjugate=False)
 
 
-@triton_op("tile_kernels::apply_rotary_bwd", mutates_args=())
-def apply_rotary_bwd(dy: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+def _bwd(dy: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     """The rotation by the opposite angle."""
     return _rotate(dy, cos, sin, interleaved, conjugate=True)
 
@@ -41,12 +42,16 @@ def _backward(ctx, dy):
     return apply_rotary_bwd(dy, *ctx.saved_tensors, ctx.interleaved), None, None, None
 
 
-apply_rotary_fwd.register_autograd(_backward, setup_context=_setup_context)
+apply_rotary_bwd = eager_op(triton_op("tile_kernels::apply_rotary_bwd", mutates_args=())(_bwd), _bwd)
+apply_rotary_fwd = eager_op(
+    triton_op("tile_kernels::apply_rotary_fwd", mutates_args=())(_fwd), _fwd, _setup_context, _backward
+)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """Rotary embedding of x (B, S, H, D) by cos/sin (S, D/2); GPT-NeoX halves, GPT-J pairs when interleaved."""
-    core.check(x, cos, sin, interleaved)
+    """Rotary embedding of x (B, S, H, D) by cos/sin (S, D/2), or (B, S, D/2) for a table per sequence (positions
+    that differ between sequences); GPT-NeoX halves, GPT-J pairs when interleaved."""
+    core.check(x, cos, sin, interleaved, per_sequence=True)
     check_device(core.NAME, x=x, cos=cos, sin=sin)
     return apply_rotary_fwd(x, cos, sin, bool(interleaved))
 

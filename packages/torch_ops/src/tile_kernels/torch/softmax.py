@@ -8,27 +8,26 @@ from torch.library import triton_op
 from tile_kernels.core import dtype_name
 from tile_kernels.core import softmax as core
 
-from ._runtime import as_rows, check_device, register_public_op, run_plan, target
+from ._runtime import as_rows, check_device, eager_op, executor, register_public_op, target
 
 
-@triton_op("tile_kernels::softmax_fwd", mutates_args=())
-def softmax_fwd(x: torch.Tensor) -> torch.Tensor:
+def _fwd(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim."""
     n = x.shape[-1]
     x2, stride_x = as_rows(x, n)
-    plan = core.forward(x2.shape[0], n, dtype=dtype_name(x.dtype), target=target(x.device), stride_x=stride_x)
-    return run_plan(plan, x2, device=x.device)[0].view(x.shape)
+    run = executor(core.forward, x2.shape[0], n, dtype=dtype_name(x.dtype), target=target(x.device), stride_x=stride_x)
+    return run(x2, device=x.device)[0].view(x.shape)
 
 
-@triton_op("tile_kernels::softmax_bwd", mutates_args=())
-def softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+def _bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     n = y.shape[-1]
     y2, stride_y = as_rows(y, n)
     dy2, stride_dy = as_rows(dy, n)
-    plan = core.backward(
-        y2.shape[0], n, dtype=dtype_name(y.dtype), target=target(y.device), stride_y=stride_y, stride_dy=stride_dy
-    )
-    return run_plan(plan, y2, dy2, device=y.device)[0].view(y.shape)
+    run = executor(
+        core.backward, y2.shape[0], n, dtype=dtype_name(y.dtype), target=target(y.device), stride_y=stride_y,
+        stride_dy=stride_dy,
+    )  # fmt: skip
+    return run(y2, dy2, device=y.device)[0].view(y.shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -40,7 +39,8 @@ def _backward(ctx, dy):
     return softmax_bwd(y, dy)
 
 
-softmax_fwd.register_autograd(_backward, setup_context=_setup_context)
+softmax_bwd = eager_op(triton_op("tile_kernels::softmax_bwd", mutates_args=())(_bwd), _bwd)
+softmax_fwd = eager_op(triton_op("tile_kernels::softmax_fwd", mutates_args=())(_fwd), _fwd, _setup_context, _backward)
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

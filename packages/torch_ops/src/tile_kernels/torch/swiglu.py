@@ -8,25 +8,23 @@ from torch.library import triton_op
 from tile_kernels.core import dtype_name
 from tile_kernels.core import swiglu as core
 
-from ._runtime import as_rows, check_device, register_public_op, run_plan, target
+from ._runtime import as_rows, check_device, eager_op, executor, register_public_op, target
 
 
-@triton_op("tile_kernels::swiglu_fwd", mutates_args=())
-def swiglu_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def _fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     n = gate.shape[-1]
     (g2, stride_g), (u2, stride_u) = as_rows(gate, n), as_rows(up, n)
-    plan = core.forward(g2.shape[0], n, dtype=dtype_name(gate.dtype), target=target(gate.device),
-                        stride_gate=stride_g, stride_up=stride_u)  # fmt: skip
-    return run_plan(plan, g2, u2, device=gate.device)[0].view(gate.shape)
+    run = executor(core.forward, g2.shape[0], n, dtype=dtype_name(gate.dtype), target=target(gate.device),
+                   stride_gate=stride_g, stride_up=stride_u)  # fmt: skip
+    return run(g2, u2, device=gate.device)[0].view(gate.shape)
 
 
-@triton_op("tile_kernels::swiglu_bwd", mutates_args=())
-def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n = gate.shape[-1]
     (dy2, stride_dy), (g2, stride_g), (u2, stride_u) = as_rows(dy, n), as_rows(gate, n), as_rows(up, n)
-    plan = core.backward(g2.shape[0], n, dtype=dtype_name(gate.dtype), target=target(gate.device),
-                         stride_dy=stride_dy, stride_gate=stride_g, stride_up=stride_u)  # fmt: skip
-    dgate, dup = run_plan(plan, dy2, g2, u2, device=gate.device)
+    run = executor(core.backward, g2.shape[0], n, dtype=dtype_name(gate.dtype), target=target(gate.device),
+                   stride_dy=stride_dy, stride_gate=stride_g, stride_up=stride_u)  # fmt: skip
+    dgate, dup = run(dy2, g2, u2, device=gate.device)
     return dgate.view(gate.shape), dup.view(gate.shape)
 
 
@@ -38,7 +36,8 @@ def _backward(ctx, dy):
     return swiglu_bwd(dy, *ctx.saved_tensors)
 
 
-swiglu_fwd.register_autograd(_backward, setup_context=_setup_context)
+swiglu_bwd = eager_op(triton_op("tile_kernels::swiglu_bwd", mutates_args=())(_bwd), _bwd)
+swiglu_fwd = eager_op(triton_op("tile_kernels::swiglu_fwd", mutates_args=())(_fwd), _fwd, _setup_context, _backward)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

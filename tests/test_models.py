@@ -1,0 +1,154 @@
+"""Drop-in use in models: tile_kernels.torch.nn modules against their torch / Hugging Face counterparts, and a
+transformers decoder patched with apply_to against the stock model (logits, loss, every parameter's gradient, a few
+optimizer steps). On the CPU the kernels run in Triton's interpreter in float32; on a GPU in bfloat16."""
+
+import copy
+import importlib.util
+
+import pytest
+from conftest import DEVICE
+
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None,
+    reason="needs transformers and torch",
+)
+
+
+def _setup():
+    import torch
+
+    device = "cuda" if DEVICE == "gpu" else "cpu"
+    dtype = torch.bfloat16 if DEVICE == "gpu" else torch.float32
+    return torch, device, dtype
+
+
+def _relative_error(got, want) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+@needs_torch
+def test_nn_modules_match_torch_and_load_their_state_dicts():
+    torch, device, dtype = _setup()
+    import tile_kernels.torch as tk
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 48, device=device, dtype=dtype)
+    ref = torch.nn.RMSNorm(48, eps=1e-5, device=device, dtype=dtype)
+    torch.nn.init.uniform_(ref.weight, -2, 2)
+    norm = tk.nn.RMSNorm(48, eps=1e-5, device=device, dtype=dtype)
+    norm.load_state_dict(ref.state_dict())
+    assert _relative_error(norm(x), ref(x)) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+    ref_ln = torch.nn.LayerNorm(48, device=device, dtype=dtype)
+    torch.nn.init.uniform_(ref_ln.weight, -2, 2)
+    torch.nn.init.uniform_(ref_ln.bias, -1, 1)
+    ln = tk.nn.LayerNorm(48, device=device, dtype=dtype)
+    ln.load_state_dict(ref_ln.state_dict())
+    assert _relative_error(ln(x), ref_ln(x)) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+    mlp = tk.nn.SwiGLUMLP(48, 80, device=device, dtype=dtype)
+    want = mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+    assert _relative_error(mlp(x), want) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+    rotary = tk.nn.Rotary(16, base=500.0, device=device)
+    q = torch.randn(2, 7, 3, 16, device=device, dtype=dtype)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [9, 10, 11, 12, 13, 14, 15]], device=device)
+    angles = positions.double()[..., None] * rotary.inv_freq.double()  # (B, S, D/2)
+    c, s = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
+    a, b = q.double()[..., :8], q.double()[..., 8:]
+    want = torch.cat([a * c - b * s, b * c + a * s], dim=-1)
+    assert _relative_error(rotary(q, positions), want) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+def _tiny_config(model_type: str):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(
+        model_type, vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        attn_implementation="eager",
+    )  # fmt: skip
+
+
+def _models(model_type: str):
+    torch, device, dtype = _setup()
+    import transformers
+
+    import tile_kernels.torch as tk
+
+    torch.manual_seed(0)
+    stock = transformers.AutoModelForCausalLM.from_config(_tiny_config(model_type)).to(device, dtype)
+    for p in stock.parameters():  # norm weights away from 1, so that a dropped weight shows
+        if p.dim() == 1:
+            torch.nn.init.uniform_(p, 0.5, 1.5)
+    patched = tk.apply_to(copy.deepcopy(stock))
+    return torch, stock, patched, device
+
+
+@needs_transformers
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_patched_model_matches_the_stock_model(model_type):
+    torch, stock, patched, device = _models(model_type)
+    import tile_kernels.torch as tk
+
+    layer = patched.model.layers[0]
+    assert type(layer.input_layernorm) is tk.nn.RMSNorm and type(layer.mlp) is tk.nn.SwiGLUMLP
+    assert patched.config._attn_implementation == "tile_kernels"
+    fp32 = stock.dtype == torch.float32
+    tol = 2e-4 if fp32 else 3e-2
+
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 160, (2, 24), generator=generator).to(device)
+    labels = ids.clone()
+    labels[0, :5] = -100  # ignored tokens
+    positions = torch.stack([torch.arange(24), torch.arange(24) + 7]).to(device)  # a table per sequence
+
+    with torch.no_grad():
+        assert _relative_error(patched(ids).logits, stock(ids).logits) < tol
+        assert _relative_error(patched(ids, position_ids=positions).logits, stock(ids, position_ids=positions).logits) < tol
+
+    out, want = patched(ids, labels=labels), stock(ids, labels=labels)
+    assert out.loss.dtype == torch.float32 and out.logits is None  # the logits are never formed
+    assert abs(out.loss.item() - want.loss.item()) <= tol * abs(want.loss.item())
+    out.loss.backward()
+    want.loss.backward()
+    for (name, p), q in zip(patched.named_parameters(), stock.parameters()):
+        assert p.grad is not None, name
+        assert _relative_error(p.grad, q.grad) < (1e-3 if fp32 else 5e-2), name
+
+
+@needs_transformers
+def test_patched_model_trains_like_the_stock_model():
+    torch, stock, patched, device = _models("llama")
+    ids = torch.randint(0, 160, (2, 16), generator=torch.Generator().manual_seed(2)).to(device)
+    losses = []
+    for model in (stock, patched):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        curve = []
+        for _ in range(3):
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            curve.append(loss.item())
+        losses.append(curve)
+    (stock_curve, patched_curve), fp32 = losses, stock.dtype == torch.float32
+    assert stock_curve[-1] < stock_curve[0]
+    for a, b in zip(stock_curve, patched_curve):
+        assert abs(a - b) <= (1e-3 if fp32 else 5e-2) * abs(a), (stock_curve, patched_curve)
+
+
+@needs_transformers
+def test_apply_to_names_what_it_cannot_patch():
+    torch, _, _ = _setup()
+    import tile_kernels.torch as tk
+
+    with pytest.raises(ValueError, match="apply_to: model must be a transformers model of type llama"):
+        tk.apply_to(torch.nn.Linear(2, 2))
+    _, _, patched, device = _models("llama")
+    mask = torch.ones(2, 8, dtype=torch.long, device=device)
+    mask[0, :3] = 0
+    with pytest.raises(ValueError, match="tile_kernels attention: padding masks are not supported"):
+        patched(torch.zeros(2, 8, dtype=torch.long, device=device), attention_mask=mask)
