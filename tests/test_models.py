@@ -107,7 +107,8 @@ def test_patched_model_matches_the_stock_model(model_type):
 
     with torch.no_grad():
         assert _relative_error(patched(ids).logits, stock(ids).logits) < tol
-        assert _relative_error(patched(ids, position_ids=positions).logits, stock(ids, position_ids=positions).logits) < tol
+        per_sequence = patched(ids, position_ids=positions).logits, stock(ids, position_ids=positions).logits
+        assert _relative_error(*per_sequence) < tol
 
     out, want = patched(ids, labels=labels), stock(ids, labels=labels)
     assert out.loss.dtype == torch.float32 and out.logits is None  # the logits are never formed

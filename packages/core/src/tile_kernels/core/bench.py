@@ -87,6 +87,8 @@ class Record:
     tflops: float | None = None
     of_ceiling: float | None = None  # floor time / time; floor = max(bytes / copy, flops / gemm), both measured
     vs_compile: float | None = None  # torch.compile time / this time (> 1: faster than torch.compile)
+    eager_ms: float | None = None  # wall time per call of back-to-back plain calls (host included), fwd and step
+    eager_vs_compile: float | None = None  # the same for torch.compile's call / this one
     peak_mib: float | None = None  # peak device memory of one forward + backward above the inputs (torch impls)
     note: str = ""
 
@@ -110,6 +112,12 @@ class Timing:
     step_ms: float | None = None  # forward with gradients recorded + backward: one training step
     peak_mib: float | None = None
     note: str = ""
+    eager_fwd_ms: float | None = None  # wall time per call of back-to-back calls, as a user calls the op
+    eager_step_ms: float | None = None
+
+    @property
+    def eager_bwd_ms(self):  # a backward alone is not called by users: no eager figure
+        return None
 
 
 @dataclass
@@ -159,6 +167,9 @@ def records(case: Case, timings: list[Timing], ceilings: Ceilings) -> list[Recor
                 r.gbs, r.tflops = cost.bytes / ms / 1e6, cost.flops / ms / 1e9
                 r.of_ceiling = ceilings.floor_ms(cost) / ms
                 r.vs_compile = ref / ms if ref else None
+            r.eager_ms = getattr(t, f"eager_{direction}_ms")
+            eager_ref = compiled and getattr(compiled, f"eager_{direction}_ms")
+            r.eager_vs_compile = eager_ref / r.eager_ms if eager_ref and r.eager_ms else None
             out.append(r)
     return out
 
@@ -204,7 +215,7 @@ def load(path: str) -> tuple[Meta, list[Record]]:
         data = json.load(f)
     m = data["meta"]
     meta = Meta(**{**m, "ceilings": Ceilings(**m["ceilings"])})
-    return meta, [Record(**r) for r in data["records"]]
+    return meta, [Record(**r) for r in data["records"]]  # files written before a field existed lack it: defaults
 
 
 def _fmt(value, spec: str, missing: str = "") -> str:
@@ -221,23 +232,26 @@ def markdown(meta: Meta, recs: list[Record]) -> str:
         f"{c.gemm_tflops:.0f} TFLOP/s. `of ceiling` = max(bytes / copy, flops / GEMM) / time, from the op's cost "
         "metadata (algorithmic bytes: each input read once, each output written once). `vs compile` = torch.compile "
         "time / this time. fwd = forward without autograd, bwd = backward of a recorded forward, step = forward with "
-        "autograd recording + backward. torch rows: device time of CUDA-graph replays (no host overhead); JAX rows: "
-        "wall time per call of back-to-back jitted calls. Peak = device memory of one forward + backward above the "
-        "inputs (torch).",
+        "autograd recording + backward. torch rows: `ms` is device time of CUDA-graph replays (no host overhead), "
+        "`eager ms` the wall time per call of back-to-back plain calls (host included: what an eager PyTorch user "
+        "gets) and `eager vs compile` torch.compile's eager ms / this one; JAX rows: wall time per call of "
+        "back-to-back jitted calls. Peak = device memory of one forward + backward above the inputs (torch).",
         "",
         f"Versions: {versions}. Command: `{meta.command}`.",
         "",
     ]
     for op in dict.fromkeys(r.op for r in recs):
         lines += [f"## {op}", "", "| shape | dtype | dir | impl | ms | GB/s | TFLOP/s | of ceiling | vs compile | "
-                  "peak MiB | note |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "eager ms | eager vs compile | peak MiB | note |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in (r for r in recs if r.op == op):
             tflops = _fmt(r.tflops, ".1f") if r.tflops and r.tflops >= 1 else ""
             lines.append(
                 f"| {r.shape} | {r.dtype} | {r.direction} | {r.impl} | "
                 f"{_fmt(r.ms, '.3f', 'in fwd' if FUSED_BACKWARD in r.note else 'failed')} | "
                 f"{_fmt(r.gbs, '.0f')} | {tflops} | {_fmt(r.of_ceiling and 100 * r.of_ceiling, '.0f')}"
-                f"{'%' if r.of_ceiling else ''} | {_fmt(r.vs_compile, '.2f')} | {_fmt(r.peak_mib, '.0f')} | "
+                f"{'%' if r.of_ceiling else ''} | {_fmt(r.vs_compile, '.2f')} | {_fmt(r.eager_ms, '.3f')} | "
+                f"{_fmt(r.eager_vs_compile, '.2f')} | {_fmt(r.peak_mib, '.0f')} | "
                 f"{r.note.replace('|', '/')[:120]} |"
             )
         lines.append("")

@@ -136,8 +136,8 @@ def forward(
     chunk_size: int | None, grad_hidden: bool, grad_weight: bool, target: Target,
 ) -> Plan:  # fmt: skip
     """Inputs hidden (N, D), weight (V, D), target (N,). Outputs loss ((N,) for 'none', else (1,)) in float32 (as
-    the unfused loss of upcast logits); lse (N,) and count (1,) fp32 (count: the non-ignored rows, 0 for 'none'); for sum/mean with grad_* the
-    unscaled gradients dhidden (N, D) / dweight (V, D), else (0, D) placeholders."""
+    the unfused loss of upcast logits); lse (N,) and count (1,) fp32 (count: the non-ignored rows, 0 for 'none');
+    for sum/mean with grad_* the unscaled gradients dhidden (N, D) / dweight (V, D), else (0, D) placeholders."""
     reduced = reduction != "none"
     grad_hidden, grad_weight = reduced and grad_hidden, reduced and grad_weight
     empty = n_rows == 0

@@ -85,14 +85,16 @@ def sum_partials_kernel(
 
 
 def sum_partials(partial: str, out: str, batch: int, programs: int, n: int) -> Launch:
-    """Launch that reduces a (batch, programs, n) fp32 partial buffer to (batch, n)."""
-    block_n = min(256, next_power_of_2(n))
+    """Launch that reduces a (batch, programs, n) fp32 partial buffer to (batch, n): a program per 64 columns (a
+    few thousand partial rows over a 2048-wide weight: 32 programs, not 8 latency-bound ones), 64 partial rows
+    (16 KB) a step."""
+    block_n = min(64, next_power_of_2(n))
     launch = Launch(
         sum_partials_kernel,
         grid=(cdiv(n, block_n), batch),
         reads=(partial, programs, n),
         writes=(out,),
-        constexprs=dict(BLOCK_G=16, BLOCK_N=block_n),
+        constexprs=dict(BLOCK_G=64, BLOCK_N=block_n),
         num_warps=4,
     )
     return in_units(launch, "N")

@@ -213,7 +213,7 @@ class Provider:
         fwd = jax.jit(call)
         fwd_ms = _time_ms(fwd, diff, rest)
         if not names:
-            return Timing(name, fwd_ms, None)
+            return Timing(name, fwd_ms, None, eager_fwd_ms=fwd_ms)  # jitted calls: wall times already
         try:
             outs, vjp_fn = jax.vjp(lambda d: call(d, rest), diff)
             cts = tuple(jax.random.normal(jax.random.key(i), o.shape, o.dtype) for i, o in enumerate(outs))
@@ -221,7 +221,9 @@ class Provider:
             step = jax.jit(lambda d, r, c: jax.vjp(lambda d: call(d, r), d)[1](c))
             step_ms = _time_ms(step, diff, rest, cts)
         except Exception as e:  # e.g. a peer without a VJP: its forward still counts
-            return Timing(name, fwd_ms, None, note=f"backward: {type(e).__name__}: {e}".splitlines()[0])
+            return Timing(name, fwd_ms, None, note=f"backward: {type(e).__name__}: {e}".splitlines()[0],
+                          eager_fwd_ms=fwd_ms)  # fmt: skip
         if bwd_ms < 0.05 * step_ms:  # the forward computed the gradients (fused_linear_cross_entropy)
-            return Timing(name, fwd_ms, None, step_ms=step_ms, note=FUSED_BACKWARD)
-        return Timing(name, fwd_ms, bwd_ms, step_ms=step_ms)
+            return Timing(name, fwd_ms, None, step_ms=step_ms, note=FUSED_BACKWARD, eager_fwd_ms=fwd_ms,
+                          eager_step_ms=step_ms)  # fmt: skip
+        return Timing(name, fwd_ms, bwd_ms, step_ms=step_ms, eager_fwd_ms=fwd_ms, eager_step_ms=step_ms)

@@ -3,10 +3,10 @@
 On CUDA/ROCm tensors the compiled Triton kernels run; on CPU tensors the same kernels run in Triton's interpreter when
 TRITON_INTERPRET=1 was set before import, and a call raises a clear error otherwise."""
 
+from . import nn
 from ._distributed import register_rules
 from .cross_entropy import cross_entropy, cross_entropy_bwd, cross_entropy_fwd
 from .flash_attention import flash_attention, flash_attention_bwd, flash_attention_fwd
-from . import nn
 from .fused_linear_cross_entropy import (
     fused_linear_cross_entropy,
     fused_linear_cross_entropy_bwd,
@@ -22,10 +22,11 @@ from .swiglu import swiglu, swiglu_bwd, swiglu_fwd
 register_rules()  # DTensor sharding strategies of the ops above (tile_kernels.core.sharding)
 
 __all__ = [
-    "apply_rotary", "apply_rotary_bwd", "apply_to", "nn", "apply_rotary_fwd", "cross_entropy", "cross_entropy_bwd", "cross_entropy_fwd",
+    "apply_rotary", "apply_rotary_bwd", "apply_rotary_fwd", "apply_to", "cross_entropy", "cross_entropy_bwd",
+    "cross_entropy_fwd",
     "flash_attention", "flash_attention_bwd", "flash_attention_fwd",
     "fused_linear_cross_entropy", "fused_linear_cross_entropy_bwd", "fused_linear_cross_entropy_fwd",
     "fused_linear_cross_entropy_scale_",
-    "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
+    "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "nn", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
     "softmax", "softmax_bwd", "softmax_fwd", "swiglu", "swiglu_bwd", "swiglu_fwd",
 ]  # fmt: skip

@@ -12,8 +12,6 @@ import torch
 from tile_kernels.core import Plan, backends
 from tile_kernels.core.host import poisoning
 
-from ._runtime import is_eager
-
 
 def platform(device: torch.device) -> str:
     """'cpu', 'cuda' or 'rocm': what tile_kernels.core.backends.resolve needs to know about the device."""
@@ -53,8 +51,9 @@ def _resolve_eager(op: str, backend: str | None, platform_name: str) -> str:
 _resolve_traced = torch.compiler.assume_constant_result(backends.resolve)
 
 
-def resolve_backend(op: str, backend: str | None, device: torch.device, *tensors) -> str:
-    """backends.resolve for a call on `device`, cached in eager (toolchains do not come and go within a process)."""
+def resolve_backend(op: str, backend: str | None, device: torch.device) -> str:
+    """backends.resolve for a call on `device`, cached outside torch.compile (toolchains do not come and go within a
+    process)."""
     cacheable = backend is None or type(backend) is str
-    resolve = _resolve_eager if cacheable and is_eager(tensors) else _resolve_traced
+    resolve = _resolve_eager if cacheable and not torch.compiler.is_compiling() else _resolve_traced
     return resolve(op, backend, platform(device))

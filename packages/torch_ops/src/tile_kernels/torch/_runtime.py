@@ -33,14 +33,21 @@ if _INTERPRETING and hasattr(functorch_config, "decompose_custom_triton_ops"):
     functorch_config.decompose_custom_triton_ops = False
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_POISON = poisoning()  # read once, as Triton reads its switch
+_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_transforms = torch._C._are_functorch_transforms_active
 
 
 def is_eager(args) -> bool:
     """True when a call with `args` may skip the registered op: not tracing (torch.compile, fake tensors), no tensor
     subclass (DTensor), no dispatch mode or functorch transform that must see the op."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active():
+    if _compiling() or _dispatch_modes() or _functorch_transforms():
         return False
-    return all(type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor))
+    for a in args:
+        if isinstance(a, torch.Tensor) and type(a) not in _PLAIN:
+            return False
+    return True
 
 
 def eager_op(op, impl, setup_context=None, backward=None):
@@ -152,15 +159,14 @@ class Executor:
 
     def __call__(self, *inputs: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
         tensors = list(inputs)
-        poison = poisoning()
         for shape, dtype, zeroed in self.buffers:
             if zeroed:
                 tensors.append(torch.zeros(shape, dtype=dtype, device=device))
-            elif poison and dtype.is_floating_point:
+            elif _POISON and dtype.is_floating_point:
                 tensors.append(torch.full(shape, float("nan"), dtype=dtype, device=device))
             else:
                 tensors.append(torch.empty(shape, dtype=dtype, device=device))
-        if is_eager(inputs):
+        if type(inputs[0]) in _PLAIN:  # real tensors (an op's body traced by torch.compile sees fake ones)
             for step in self.steps:
                 step.run(tensors, device)
         elif not _INTERPRETING:  # tracing: the kernels as graph nodes

@@ -2,10 +2,11 @@
 eager torch, torch.compile of the same eager code, Liger-Kernel where it has the op, and for flash_attention SDPA's
 cuDNN and flash backends.
 
-Device time: each call is captured in a CUDA graph and replayed (median per call), so Python and launch overhead,
-which differ between eager adapters and say little about the kernels, are not timed (torch.compile removes most of it
-in a real model). fwd = forward without autograd; bwd = torch.autograd.grad of one recorded forward, replayed with
-retain_graph; step = forward with autograd recording + backward, the training cost."""
+Two times per call. Device time: the call captured in a CUDA graph and replayed (median per call), so Python and
+launch overhead are not timed: what the kernels cost. Eager wall time: back-to-back plain calls, the host included:
+what an eager PyTorch user gets (the larger of host and device time per call, in steady state). fwd = forward without
+autograd; bwd = torch.autograd.grad of one recorded forward, replayed with retain_graph; step = forward with autograd
+recording + backward, the training cost. "tile-kernels compiled" is torch.compile of the call of our op."""
 
 from __future__ import annotations
 
@@ -199,6 +200,28 @@ def _graph_ms(fn, stream) -> tuple[float, str]:
     return float(np.median(times)), ""
 
 
+def _wall_ms(fn, rounds: int = 5) -> float:
+    """Median wall time per call of back-to-back calls of `fn` (no synchronization between them: the host runs ahead
+    until the device, or the host itself, is the bottleneck), over enough calls to take ~20 ms a round."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    calls = max(5, min(2000, int(0.02 / max((time.perf_counter() - started) / 3, 1e-7))))
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - started) / calls * 1e3)
+    return float(np.median(times))
+
+
 def _copy_gbs(device) -> float:
     from triton.testing import do_bench
 
@@ -235,7 +258,9 @@ class Provider:
         return Ceilings(copy_gbs=copy, gemm_tflops=gemm)
 
     def implementations(self, op: str) -> dict:
-        impls = {"tile-kernels": getattr(tk, op, None)} | other_backends(op, getattr(tk, op, None), "cuda")
+        ours = getattr(tk, op, None)
+        impls = {"tile-kernels": ours} | other_backends(op, ours, "cuda")
+        impls["tile-kernels compiled"] = ours and torch.compile(ours, dynamic=False, fullgraph=True)
         impls["torch eager"] = EAGER.get(op)
         if op in EAGER:
             impls["torch.compile"] = torch.compile(EAGER[op], dynamic=False)
@@ -266,13 +291,14 @@ class Provider:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):  # the recorded autograd graph and the CUDA graphs share this stream
             fwd_ms, note = _graph_ms(lambda: fn(**args), stream)
+            eager_fwd_ms = _wall_ms(lambda: fn(**args))
             leaves = {k: args[k].detach().clone().requires_grad_() for k in grad_args}
             call = {**args, **leaves}
             base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             outs = [o for o in _as_tuple(fn(**call)) if o.requires_grad]
             if not outs:
-                return Timing(name, fwd_ms, None, note=note)
+                return Timing(name, fwd_ms, None, note=note, eager_fwd_ms=eager_fwd_ms)
             cts = [torch.randn_like(o) for o in outs]
             torch.autograd.grad(outs, list(leaves.values()), cts, retain_graph=True)
             peak = (torch.cuda.max_memory_allocated(self.device) - base) / 2**20
@@ -282,6 +308,7 @@ class Provider:
                 torch.autograd.grad(o, list(leaves.values()), cts)
 
             step_ms, step_note = _graph_ms(step, stream)
+            eager_step_ms = _wall_ms(step)
             try:  # replay the recorded backward
                 torch.autograd.grad(outs, list(leaves.values()), cts, retain_graph=True)
                 bwd_ms, bwd_note = _graph_ms(
@@ -294,4 +321,5 @@ class Provider:
                 if bwd_ms < 0.05 * step_ms:  # the forward computed the gradients (fused_linear_cross_entropy)
                     bwd_ms, bwd_note = None, FUSED_BACKWARD
         notes = " ".join(dict.fromkeys(n for n in (note, bwd_note, step_note) if n))
-        return Timing(name, fwd_ms, bwd_ms, step_ms=step_ms, peak_mib=peak, note=notes)
+        return Timing(name, fwd_ms, bwd_ms, step_ms=step_ms, peak_mib=peak, note=notes, eager_fwd_ms=eager_fwd_ms,
+                      eager_step_ms=eager_step_ms)  # fmt: skip

@@ -107,7 +107,7 @@ def flash_attention(
     bfloat16), or None for the default of the device (tile_kernels.core.backends)."""
     core.check(q, k, v, causal, window, softmax_scale, softcap)
     device = check_device(core.NAME, q=q, k=k, v=v)
-    backend = resolve_backend(core.NAME, backend, device, q)
+    backend = resolve_backend(core.NAME, backend, device)
     causal, (left, right), scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)
     return flash_attention_fwd(q, k, v, causal, left, right, scale, softcap, backend)[0]
 

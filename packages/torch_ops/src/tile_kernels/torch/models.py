@@ -37,7 +37,8 @@ def apply_to(model, rms_norm=True, swiglu=True, rotary=True, attention=True, los
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in FAMILY:
-        raise ValueError(f"apply_to: model must be a transformers model of type {', '.join(FAMILY)}, got {model_type!r}")
+        expected = ", ".join(FAMILY)
+        raise ValueError(f"apply_to: model must be a transformers model of type {expected}, got {model_type!r}")
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if rms_norm and _is_rms_norm(child):
@@ -50,7 +51,8 @@ def apply_to(model, rms_norm=True, swiglu=True, rotary=True, attention=True, los
         for module in model.modules():
             forward = inspect.unwrap(type(module).forward)
             if "apply_rotary_pos_emb" in forward.__code__.co_names:
-                module.forward = types.MethodType(_with_globals(forward, apply_rotary_pos_emb=apply_rotary_pos_emb), module)
+                ours = _with_globals(forward, apply_rotary_pos_emb=apply_rotary_pos_emb)
+                module.forward = types.MethodType(ours, module)
     if attention:
         register_attention()
         model.config._attn_implementation = ATTENTION
@@ -61,7 +63,8 @@ def apply_to(model, rms_norm=True, swiglu=True, rotary=True, attention=True, los
         if getattr(getattr(model, "lm_head", None), "bias", None) is not None:
             raise ValueError("apply_to: loss=True needs an lm_head without bias")
         if not hasattr(model, "lm_head"):
-            raise ValueError(f"apply_to: loss=True needs a causal-LM model (with an lm_head), got {type(model).__name__}")
+            name = type(model).__name__
+            raise ValueError(f"apply_to: loss=True needs a causal-LM model (with an lm_head), got {name}")
         model.forward = types.MethodType(causal_lm_forward, model)
     return model
 
@@ -117,7 +120,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
 
 def register_attention() -> None:
     """Registers "tile_kernels" with transformers' attention-function registry (so that
-    `attn_implementation="tile_kernels"` selects it) and its mask registry (flash-attention's: no mask unless padded)."""
+    `attn_implementation="tile_kernels"` selects it) and its mask registry (flash-attention's: no mask unless
+    padded)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 

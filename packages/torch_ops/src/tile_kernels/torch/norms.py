@@ -163,7 +163,7 @@ def rms_norm(
     x, residual = _promoted_under_autocast(x, residual)
     rms_core.check(x, weight, residual, eps)
     device = check_device(rms_core.NAME, x=x, weight=weight, residual=residual)
-    backend = resolve_backend(rms_core.NAME, backend, device, x)
+    backend = resolve_backend(rms_core.NAME, backend, device)
     y, h, _ = rms_norm_fwd(x, weight, residual, float(eps), backend)
     return y if residual is None else (y, h)
 
@@ -215,7 +215,7 @@ layer_norm_bwd = eager_op(triton_op("tile_kernels::layer_norm_bwd", mutates_args
 layer_norm_fwd = eager_op(
     triton_op("tile_kernels::layer_norm_fwd", mutates_args=())(_layer_fwd), _layer_fwd, _layer_setup_context,
     _layer_backward,
-)
+)  # fmt: skip
 
 
 def layer_norm(

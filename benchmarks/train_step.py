@@ -1,0 +1,170 @@
+"""End-to-end training step of a randomly initialised Hugging Face transformers Llama, as a user runs it: stock
+(SDPA attention), patched with tile_kernels.torch.apply_to, and patched with Liger-Kernel's
+apply_liger_kernel_to_llama; eager and (--compile) torch.compile of the model. A step = forward with labels (the loss),
+backward, zero_grad (no optimizer: it costs every variant the same). Reports ms a step, tokens/s, peak memory, and
+each variant's speed relative to stock and to Liger in the same run; writes train_step.json / .md under --out.
+
+    python benchmarks/train_step.py --shape llama-1b --shape llama-8b-4layers --out benchmarks/results/h200
+    python benchmarks/train_step.py --tiny --device cpu      # the plumbing, on a CPU (TRITON_INTERPRET=1)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import importlib.metadata
+import json
+import os
+import sys
+import time
+
+# hidden, intermediate, layers, heads, kv heads, vocab, batch, seq
+SHAPES = {
+    "llama-1b": (2048, 8192, 16, 32, 8, 128256, 4, 2048),  # Llama-3.2-1B
+    "llama-8b-4layers": (4096, 14336, 4, 32, 8, 128256, 2, 4096),  # Llama-3-8B's layers, four of them
+    "tiny": (64, 96, 2, 4, 2, 160, 2, 32),
+}
+VARIANTS = ("stock", "tile-kernels", "tile-kernels+sdpa", "liger")  # liger last: it patches the modeling module
+
+
+def build(shape: str, variant: str, device: str, dtype):
+    import torch
+    import transformers
+
+    hidden, inter, layers, heads, kv, vocab, _, _ = SHAPES[shape]
+    config = transformers.LlamaConfig(
+        hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, vocab_size=vocab, max_position_embeddings=8192, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(config).to(dtype)
+    if variant.startswith("tile-kernels"):
+        import tile_kernels.torch as tk
+
+        tk.apply_to(model, attention=variant == "tile-kernels")  # "tile-kernels+sdpa": SDPA attention
+    elif variant == "liger":
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+        apply_liger_kernel_to_llama(model=model)  # patches the modeling module too: run it last
+    model.train()
+    return model
+
+
+def measure(model, shape: str, device: str, steps: int, compiled: bool) -> dict:
+    import torch
+
+    *_, vocab, batch, seq = SHAPES[shape]
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, vocab, (batch, seq), generator=generator).to(device) for _ in range(2)]
+    run = torch.compile(model) if compiled else model
+
+    def step(ids):
+        loss = run(input_ids=ids, labels=ids).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return loss
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    started = time.perf_counter()
+    losses = [step(batches[i % 2]).item() for i in range(3)]  # warm-up (compiles)
+    warmup_s = time.perf_counter() - started
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    sync()
+    started = time.perf_counter()
+    for i in range(steps):
+        loss = step(batches[i % 2])
+    sync()
+    ms = (time.perf_counter() - started) / steps * 1e3
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
+    return {"ms": ms, "tokens_per_s": batch * seq / ms * 1e3, "peak_gib": peak, "loss": float(loss.item()),
+            "warmup_loss": losses[0], "warmup_s": warmup_s}  # fmt: skip
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    lines = [
+        f"# Training step, {meta['gpu']}, {meta['date']}",
+        "",
+        "A randomly initialised transformers Llama in bfloat16: forward with labels (loss), backward, zero_grad (no "
+        "optimizer step). Wall time per step over back-to-back steps after 3 warm-up steps. stock = transformers with "
+        "SDPA attention; tile-kernels = `tile_kernels.torch.apply_to(model)` (RMSNorm, SwiGLU, rotary, attention, "
+        "fused linear cross-entropy); tile-kernels+sdpa = the same with `attention=False` (transformers' SDPA); "
+        "liger = `apply_liger_kernel_to_llama(model=model)` (RMSNorm, SwiGLU, rotary, fused linear cross-entropy; "
+        "SDPA attention).",
+        "",
+        f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}. Command: `{meta['command']}`.",
+        "",
+        "| shape | mode | variant | ms / step | tokens/s | vs stock | vs liger | peak GiB | loss at step 1 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "ms" not in r:
+            lines.append(f"| {r['shape']} | {r['mode']} | {r['variant']} | failed: {r['error'][:100]} | | | | | |")
+            continue
+        same = {x["variant"]: x["ms"] for x in rows if (x["shape"], x["mode"]) == (r["shape"], r["mode"]) and "ms" in x}
+        ratios = [f"{same[other] / r['ms']:.2f}" if other in same else "" for other in ("stock", "liger")]
+        peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else ""
+        lines.append(f"| {r['shape']} | {r['mode']} | {r['variant']} | {r['ms']:.1f} | {r['tokens_per_s']:.0f} | "
+                     f"{ratios[0]} | {ratios[1]} | {peak} | {r['warmup_loss']:.4f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", action="append", choices=sorted(SHAPES), help="default llama-1b")
+    p.add_argument("--variant", action="append", choices=VARIANTS, help="default all")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile(model) of each variant")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="the tiny shape, float32 (a CPU check of the plumbing)")
+    p.add_argument("--out", help="directory for train_step.json / train_step.md")
+    args = p.parse_args(argv)
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    shapes = ["tiny"] if args.tiny else args.shape or ["llama-1b"]
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    variants = args.variant or list(VARIANTS)
+    versions = {}
+    for dist in ("torch", "triton", "transformers", "liger-kernel"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    meta = {"gpu": gpu, "date": datetime.date.today().isoformat(), "versions": versions,
+            "command": "python benchmarks/train_step.py " + " ".join(sys.argv[1:])}  # fmt: skip
+    rows = []
+    for shape in shapes:
+        for mode in ("eager", "compile") if args.compile else ("eager",):
+            for variant in variants:
+                row = {"shape": shape, "mode": mode, "variant": variant}
+                try:
+                    model = build(shape, variant, args.device, dtype)
+                    row |= measure(model, shape, args.device, args.steps, mode == "compile")
+                except Exception as e:  # a variant that cannot run is reported, not dropped
+                    row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+                model = None
+                gc.collect()
+                if args.device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+                    torch._dynamo.reset()
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    text = markdown(meta, rows)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "train_step.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        with open(os.path.join(args.out, "train_step.md"), "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
