@@ -17,7 +17,8 @@ OLDEST_TRITON = "triton==3.6.0"  # pyproject's lower bound (what torch 2.11 pins
 
 def _install_cpu_stack(session):
     session.install(TORCH_CPU)
-    session.install("-e", ".[torch,jax,test,tilelang]")  # tilelang: its kernels lower and nvcc-build in the AOT tests
+    # tilelang: its kernels lower and nvcc-build in the AOT tests; models: the patched-model and flax module tests
+    session.install("-e", ".[torch,jax,test,tilelang,models]")
 
 
 @nox.session

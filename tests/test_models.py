@@ -153,3 +153,61 @@ def test_apply_to_names_what_it_cannot_patch():
     mask[0, :3] = 0
     with pytest.raises(ValueError, match="tile_kernels attention: padding masks are not supported"):
         patched(torch.zeros(2, 8, dtype=torch.long, device=device), attention_mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------------------- JAX
+
+needs_flax = pytest.mark.skipif(
+    importlib.util.find_spec("flax") is None or importlib.util.find_spec("jax") is None, reason="needs flax and jax"
+)
+
+
+@needs_flax
+def test_flax_nnx_modules_match_flax_and_train_under_jit():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from tile_kernels.jax import nnx as tnnx
+
+    x = jax.random.normal(jax.random.key(0), (3, 5, 48), jnp.float32)
+    ref, ours = nnx.RMSNorm(48, epsilon=1e-5, rngs=nnx.Rngs(0)), tnnx.RMSNorm(48, epsilon=1e-5)
+    scale = jax.random.uniform(jax.random.key(1), (48,), jnp.float32, 0.5, 1.5)
+    ref.scale, ours.scale = nnx.Param(scale), nnx.Param(scale)
+    np.testing.assert_allclose(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+    ref_ln, ours_ln = nnx.LayerNorm(48, epsilon=1e-5, rngs=nnx.Rngs(0)), tnnx.LayerNorm(48, epsilon=1e-5)
+    scale, bias = jnp.linspace(0.5, 1.5, 48), jnp.linspace(-0.25, 0.25, 48)
+    ref_ln.scale, ref_ln.bias, ours_ln.scale, ours_ln.bias = (nnx.Param(a) for a in (scale, bias, scale, bias))
+    np.testing.assert_allclose(ours_ln(x), ref_ln(x), rtol=1e-5, atol=1e-5)
+
+    mlp = tnnx.SwiGLUMLP(48, 80, rngs=nnx.Rngs(2))
+    want = mlp.down_proj(jax.nn.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+    np.testing.assert_allclose(mlp(x), want, rtol=1e-5, atol=1e-5)
+
+    rotary = tnnx.Rotary(16, base=500.0)
+    q = jax.random.normal(jax.random.key(3), (2, 7, 3, 16), jnp.float32)
+    angles = np.arange(7)[:, None] * np.asarray(rotary.inv_freq, np.float64)
+    c, s, a, b = np.cos(angles)[:, None], np.sin(angles)[:, None], np.asarray(q[..., :8]), np.asarray(q[..., 8:])
+    np.testing.assert_allclose(rotary(q), np.concatenate([a * c - b * s, b * c + a * s], -1), rtol=1e-5, atol=1e-5)
+
+    class Block(nnx.Module):  # norm -> MLP, as in a decoder layer
+        def __init__(self):
+            self.norm, self.mlp = tnnx.RMSNorm(48), tnnx.SwiGLUMLP(48, 80, rngs=nnx.Rngs(4))
+
+        def __call__(self, x):
+            return self.mlp(self.norm(x))
+
+    def loss(model, x):
+        return jnp.mean(model(x) ** 2)
+
+    def reference_loss(model, x):  # the same parameters through jnp
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + model.norm.epsilon) * model.norm.scale[...]
+        m = model.mlp
+        return jnp.mean(m.down_proj(jax.nn.silu(m.gate_proj(h)) * m.up_proj(h)) ** 2)
+
+    block = Block()
+    got = nnx.jit(nnx.grad(loss))(block, x)
+    want = nnx.grad(reference_loss)(block, x)
+    for g, w in zip(jax.tree.leaves(nnx.state(got)), jax.tree.leaves(nnx.state(want))):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)

@@ -363,6 +363,7 @@ def main(argv=None) -> int:
         runs = [load(path) for path in args.render]
         meta = runs[0][0]
         meta.command = "; ".join(m.command for m, _ in runs)
+        meta.date = " and ".join(dict.fromkeys(m.date for m, _ in runs))
         rows = {}  # a later file's row replaces an earlier one's in place (a partial re-run updates a table)
         for _, more in runs:
             rows |= {(r.op, r.shape, r.dtype, r.direction, r.impl): r for r in more}

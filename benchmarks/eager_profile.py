@@ -1,0 +1,123 @@
+"""Where an eager call's host time goes: wall time per call of back-to-back calls (forward, forward + backward) of
+tile-kernels' rms_norm and softmax beside torch's, the pieces of a call (plan lookup, plan run, bound launch, Triton's
+own launch path), a trivial Python autograd.Function against the native op, and a torch.profiler trace (CPU and
+CUDA) of rms_norm's eager forward + backward at 16384x4096, written to --out as a Chrome trace.
+
+    python benchmarks/eager_profile.py --out /tmp/profile       # on a GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+import tile_kernels.torch as tk
+from tile_kernels.core import norms
+from tile_kernels.torch import _runtime
+from tile_kernels.torch.norms import _forward
+
+
+def wall_us(fn, calls: int = 1000) -> float:
+    """Best of three rounds of `calls` back-to-back calls, per call."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - started) / calls * 1e6)
+    return best
+
+
+class _Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        return a * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", help="directory for the profiler trace (eager_step_trace.json)")
+    args = p.parse_args()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    x = torch.randn(4, 256, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(256, device=dev, dtype=torch.bfloat16)
+    xg, wg, ct = x.clone().requires_grad_(), w.clone().requires_grad_(), torch.randn_like(x)
+    run = _runtime.executor(
+        norms.forward, 1, 4, 256, is_rms=True, x_dtype="bfloat16", weight_dtype="bfloat16", has_residual=False,
+        has_bias=False, eps=1e-6, target=_runtime.target(dev), stride_x=256, stride_residual=None,
+    )  # fmt: skip
+    run(x, w, device=dev)
+    step = run.steps[0]
+    tensors = [x, w, torch.empty_like(x), torch.empty(4, device=dev)]
+    launch_args = step._arguments(tensors)
+    bound, function, metadata = next(iter(step.bound.values()))
+    stream = _runtime._stream(dev.index)
+    rows = {
+        "tk.rms_norm fwd": lambda: tk.rms_norm(x, w),
+        "F.rms_norm fwd": lambda: F.rms_norm(x, (256,), w, 1e-6),
+        "tk.rms_norm fwd+bwd": lambda: torch.autograd.grad(tk.rms_norm(xg, wg), [xg, wg], ct),
+        "F.rms_norm fwd+bwd": lambda: torch.autograd.grad(F.rms_norm(xg, (256,), wg, 1e-6), [xg, wg], ct),
+        "tk.softmax fwd": lambda: tk.softmax(x),
+        "F.softmax fwd": lambda: F.softmax(x, -1),
+        "tk.softmax fwd+bwd": lambda: torch.autograd.grad(tk.softmax(xg), [xg], ct),
+        "F.softmax fwd+bwd": lambda: torch.autograd.grad(F.softmax(xg, -1), [xg], ct),
+        "autograd.Function x*2 fwd+bwd": lambda: torch.autograd.grad(_Double.apply(xg), [xg], ct),
+        "native x*2 fwd+bwd": lambda: torch.autograd.grad(xg * 2, [xg], ct),
+        "rms_norm body (_forward)": lambda: _forward(x, w, None, None, 1e-6, True),
+        "plan lookup (executor)": lambda: _runtime.executor(
+            norms.forward,
+            1,
+            4,
+            256,
+            is_rms=True,
+            x_dtype="bfloat16",
+            weight_dtype="bfloat16",
+            has_residual=False,
+            has_bias=False,
+            eps=1e-6,
+            target=_runtime.target(dev),
+            stride_x=256,
+            stride_residual=None,
+        ),  # fmt: skip
+        "plan run (Executor)": lambda: run(x, w, device=dev),
+        "bound launch": lambda: bound(
+            *step.grid, stream, function, metadata, None, None, None, *launch_args, *step.constexprs
+        ),  # fmt: skip
+        "Triton's launch (kernel[grid])": lambda: step.launch.kernel[step.grid](*launch_args, **step.options),
+        "torch.empty": lambda: torch.empty((4, 256), dtype=torch.bfloat16, device=dev),
+    }
+    for name, fn in rows.items():
+        print(f"{name:34s} {wall_us(fn):8.1f} us", flush=True)
+
+    if args.out:
+        from torch.profiler import ProfilerActivity, profile
+
+        big = torch.randn(16384, 4096, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        weight = torch.ones(4096, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        residual, grad = torch.randn_like(big), torch.randn_like(big)
+        for _ in range(5):
+            torch.autograd.grad(tk.rms_norm(big, weight, residual=residual), [big, weight], [grad, grad])
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                torch.autograd.grad(tk.rms_norm(big, weight, residual=residual), [big, weight], [grad, grad])
+            torch.cuda.synchronize()
+        os.makedirs(args.out, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(args.out, "eager_step_trace.json"))
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
