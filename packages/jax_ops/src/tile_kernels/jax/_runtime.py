@@ -10,6 +10,7 @@ plan's problem (or row) axis, so a vmap is still one launch per kernel.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 import threading
@@ -20,6 +21,33 @@ import numpy as np
 
 from tile_kernels.core import Plan, Target, host
 from tile_kernels.core.plan import Gemm, Launch, Rows, is_ref, ref_name, resolve
+
+
+def jit_when_eager(*arrays: str):
+    """Decorator of a public function whose array parameters are `arrays`: a call with concrete arrays (outside jit,
+    grad, vmap, shard_map) runs through jax.jit with the other arguments static, so that repeated eager calls reuse
+    one compiled trace instead of tracing the custom_vjp / custom_vmap / sharding wrappers anew each time; a call
+    with tracers (inside a transformation) runs the function itself."""
+
+    def wrap(fn):
+        signature = inspect.signature(fn)
+        static = tuple(name for name in signature.parameters if name not in arrays)
+        jitted = jax.jit(fn, static_argnames=static)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            values = signature.bind(*args, **kwargs).arguments
+            if any(isinstance(values.get(name), jax.core.Tracer) for name in arrays):
+                return fn(*args, **kwargs)
+            try:
+                hash(tuple(values.get(name) for name in static))
+            except TypeError:  # e.g. a list where a tuple is meant: as given (the checks name what is wrong)
+                return fn(*args, **kwargs)
+            return jitted(**values)
+
+        return call
+
+    return wrap
 
 
 def mode(op: str) -> str:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from tile_kernels.core import cross_entropy as core
 from tile_kernels.core import dtype_name
 
-from ._runtime import mode, problem_batched, run_plan, target
+from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
 from ._sharding import psum, row_local
 
 
@@ -84,6 +84,7 @@ def _cross_entropy_bwd(ignore_index, reduction, label_smoothing, saved, dloss):
 _cross_entropy.defvjp(_forward, _cross_entropy_bwd)
 
 
+@jit_when_eager("logits", "target")
 def cross_entropy(
     logits: jax.Array, target: jax.Array, ignore_index: int = -100, reduction: str = "mean",
     label_smoothing: float = 0.0,

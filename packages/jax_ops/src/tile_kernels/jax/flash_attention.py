@@ -14,7 +14,7 @@ from tile_kernels.core import backends, dtype_name, sharding
 from tile_kernels.core import flash_attention as core
 
 from ._calls import cuda_arch, platform, run_calls
-from ._runtime import mode, problem_batched, run_plan, target
+from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
 from ._sharding import row_local
 
 
@@ -95,6 +95,7 @@ def _flash_attention_bwd(causal, window, scale, softcap, _backend, saved, dout):
 _flash_attention.defvjp(_forward, _flash_attention_bwd)
 
 
+@jit_when_eager("q", "k", "v")
 def flash_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, causal: bool = False, window: tuple[int, int] = (-1, -1),
     softmax_scale: float | None = None, softcap: float = 0.0, backend: str | None = None,

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from tile_kernels.core import dtype_name
 from tile_kernels.core import fused_linear_cross_entropy as core
 
-from ._runtime import mode, run_plan, target
+from ._runtime import jit_when_eager, mode, run_plan, target
 from ._sharding import psum, row_local, vary_alike
 
 
@@ -125,6 +125,7 @@ def _fused_bwd(ignore_index, reduction, chunk_size, saved, dloss):
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
+@jit_when_eager("hidden", "weight", "target")
 def fused_linear_cross_entropy(
     hidden: jax.Array, weight: jax.Array, target: jax.Array, ignore_index: int = -100, reduction: str = "mean",
     chunk_size: int | None = None,

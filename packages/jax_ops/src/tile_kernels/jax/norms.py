@@ -16,7 +16,7 @@ from tile_kernels.core import layer_norm as layer_core
 from tile_kernels.core import rms_norm as rms_core
 
 from ._calls import cuda_arch, platform, run_calls
-from ._runtime import mode, problem_batched, run_plan, target
+from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
 from ._sharding import row_local, vary_alike
 
 
@@ -113,6 +113,7 @@ def _norm_bwd(eps, is_rms, backend, saved, cotangents):
 _norm.defvjp(_forward, _norm_bwd)
 
 
+@jit_when_eager("x", "weight", "residual")
 def rms_norm(
     x: jax.Array, weight: jax.Array, eps: float = 1e-6, residual: jax.Array | None = None, backend: str | None = None
 ):
@@ -125,6 +126,7 @@ def rms_norm(
     return y if residual is None else (y, h)
 
 
+@jit_when_eager("x", "weight", "bias", "residual")
 def layer_norm(
     x: jax.Array, weight: jax.Array, bias: jax.Array | None = None, eps: float = 1e-5,
     residual: jax.Array | None = None,

@@ -10,7 +10,7 @@ import jax
 from tile_kernels.core import dtype_name
 from tile_kernels.core import rotary as core
 
-from ._runtime import mode, problem_batched, run_plan, target
+from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
 from ._sharding import row_local
 
 
@@ -53,6 +53,7 @@ def _bwd(interleaved, saved, dy):
 _apply_rotary.defvjp(_fwd, _bwd)
 
 
+@jit_when_eager("x", "cos", "sin")
 def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array, interleaved: bool = False) -> jax.Array:
     """Rotary embedding of x (B, S, H, D) by cos/sin (S, D/2); GPT-NeoX halves, GPT-J pairs when interleaved."""
     core.check(x, cos, sin, interleaved)

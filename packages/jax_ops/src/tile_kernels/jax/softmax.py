@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from tile_kernels.core import dtype_name
 from tile_kernels.core import softmax as core
 
-from ._runtime import mode, problem_batched, run_plan, target
+from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
 from ._sharding import row_local
 
 
@@ -54,6 +54,7 @@ def _bwd(y, dy):
 _softmax_last.defvjp(_fwd, _bwd)
 
 
+@jit_when_eager("x")
 def softmax(x: jax.Array, dim: int = -1) -> jax.Array:
     """As jax.nn.softmax(x, axis=dim); any dim other than the last is moved there and back."""
     dim = core.check(x, dim)

@@ -9,7 +9,7 @@ import jax
 from tile_kernels.core import dtype_name
 from tile_kernels.core import swiglu as core
 
-from ._runtime import mode, problem_batched, run_plan, target
+from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
 from ._sharding import row_local, vary_alike
 
 
@@ -52,6 +52,7 @@ def _bwd(saved, dy):
 _swiglu.defvjp(_fwd, _bwd)
 
 
+@jit_when_eager("gate", "up")
 def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
     """silu(gate) * up."""
     core.check(gate, up)
