@@ -211,3 +211,28 @@ def test_flax_nnx_modules_match_flax_and_train_under_jit():
     want = nnx.grad(reference_loss)(block, x)
     for g, w in zip(jax.tree.leaves(nnx.state(got)), jax.tree.leaves(nnx.state(want))):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+@needs_torch
+def test_torch_ops_under_autocast_follow_its_dtypes():
+    """Under autocast a float32 residual stream beside bfloat16 activations is added in float32 (as x + residual),
+    and the fused LM-head loss runs its matmul in autocast's dtype with float32 master weights, returning float32."""
+    torch, device, _ = _setup()
+    import tile_kernels.torch as tk
+
+    x = torch.randn(6, 32, device=device).to(torch.bfloat16)
+    residual = torch.randn(6, 32, device=device, requires_grad=True)
+    weight = torch.rand(32, device=device, requires_grad=True)
+    hidden = torch.randn(6, 32, device=device, requires_grad=True)
+    lm_head = torch.randn(40, 32, device=device, requires_grad=True)
+    target = torch.randint(0, 40, (6,), device=device)
+    with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+        y, h = tk.rms_norm(x, weight, residual=residual)
+        loss = tk.fused_linear_cross_entropy(hidden, lm_head, target)
+    assert y.dtype == h.dtype == torch.float32
+    torch.testing.assert_close(h, x.float() + residual)
+    assert loss.dtype == torch.float32
+    want = torch.nn.functional.cross_entropy((hidden.bfloat16() @ lm_head.bfloat16().T).float(), target)
+    assert abs(loss.item() - want.item()) < 2e-2 * abs(want.item())
+    (loss + y.sum()).backward()
+    assert lm_head.grad.dtype == torch.float32 and residual.grad.dtype == torch.float32

@@ -122,7 +122,11 @@ def fused_linear_cross_entropy(
     """F.cross_entropy(hidden @ weight.T, target, ignore_index=..., reduction=...) for hidden (N, D), weight (V, D)
     and integer targets (N,), computed chunk_size rows at a time (None: a size chosen for the shapes) so that the
     (N, V) logits never exist. Differentiable in hidden and weight. The loss is float32 whatever the inputs' dtype
-    (as the loss of logits upcast to float32, which Hugging Face models compute)."""
+    (as the loss of logits upcast to float32, which Hugging Face models compute). Under torch.autocast hidden and
+    weight are cast to autocast's dtype first, as the unfused `hidden @ weight.T` would be."""
+    if torch.is_autocast_enabled(hidden.device.type):  # as autocast runs the lm_head's linear: in its dtype
+        dtype = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
     core.check(hidden, weight, target, ignore_index, reduction, chunk_size)
     check_device(core.NAME, hidden=hidden, weight=weight, target=target)
     grad = torch.is_grad_enabled()
