@@ -84,7 +84,7 @@ def _fwd_bwd(case, call):
 
     def fwd_bwd(arrays, cotangents):
         outs, vjp = jax.vjp(lambda *d: call({**arrays, **dict(zip(diff, d))}), *[arrays[k] for k in diff])
-        return outs, vjp(cotangents)
+        return outs, vjp(tuple(c.astype(o.dtype) for c, o in zip(cotangents, outs)))  # JAX: the output's dtype
 
     return fwd_bwd
 
