@@ -10,7 +10,8 @@ import functools
 import torch
 
 from tile_kernels.core import Plan, backends
-from tile_kernels.core.host import poisoning
+
+from ._runtime import allocate
 
 
 def platform(device: torch.device) -> str:
@@ -26,17 +27,10 @@ def cuda_arch(device: torch.device) -> int:
     return 10 * major + minor
 
 
-def _allocate(shape, dtype_name: str, zeroed: bool, device) -> torch.Tensor:
-    dtype = getattr(torch, dtype_name)
-    if zeroed or not (poisoning() and dtype.is_floating_point):
-        return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=device)
-    return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-
 def run_calls(plan: Plan, *inputs: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Runs plan's Calls with `inputs` (compact tensors) bound to plan.inputs; returns plan.outputs."""
     bufs = dict(zip(plan.inputs, inputs, strict=True))
-    bufs |= {name: _allocate(s.shape, s.dtype, s.zeroed, device) for name, s in plan.buffers.items()}
+    bufs |= {name: allocate(s.shape, getattr(torch, s.dtype), s.zeroed, device) for name, s in plan.buffers.items()}
     for call in plan.launches:
         call.load()(*(bufs[name] for name in call.reads + call.writes), *call.attrs.values())
     return tuple(bufs[name] for name in plan.outputs)

@@ -16,7 +16,7 @@ import math
 
 import torch
 from torch._functorch import config as functorch_config
-from torch.library import wrap_triton
+from torch.library import triton_op, wrap_triton
 from triton import knobs
 
 from tile_kernels.core import Plan, Target
@@ -50,10 +50,12 @@ def is_eager(args) -> bool:
     return True
 
 
-def eager_op(op, impl, setup_context=None, backward=None):
-    """The call of a kernel-level op: `impl(*args)` (the op's body) directly when `is_eager(args)`, through an
-    autograd.Function made of the op's own `setup_context` / `backward` when a gradient is wanted; `op(*args)`
-    otherwise. Registers the same formula as the op's autograd, so both ways differentiate alike."""
+def eager_op(name: str, impl, setup_context=None, backward=None, mutates_args=()):
+    """Registers `impl` as the triton_op tile_kernels::<name> (with `backward` as its autograd, when given) and
+    returns its call: `impl(*args)` directly when `is_eager(args)`, through an autograd.Function made of the same
+    `setup_context` / `backward` when a gradient is wanted; the registered op otherwise. Both ways differentiate
+    alike."""
+    op = triton_op(f"tile_kernels::{name}", mutates_args=mutates_args)(impl)
     if backward is not None:
         op.register_autograd(backward, setup_context=setup_context)
 
@@ -62,7 +64,7 @@ def eager_op(op, impl, setup_context=None, backward=None):
             setup_context(ctx, args, out)
             return out
 
-        function = type(op._name.split("::")[-1], (torch.autograd.Function,),
+        function = type(name, (torch.autograd.Function,),
                         {"forward": staticmethod(forward), "backward": staticmethod(backward)})  # fmt: skip
 
     def call(*args):
@@ -73,7 +75,7 @@ def eager_op(op, impl, setup_context=None, backward=None):
                 return function.apply(*args)
         return impl(*args)
 
-    call.__name__ = call.__qualname__ = op._name.split("::")[-1]
+    call.__name__ = call.__qualname__ = name
     call.__doc__ = impl.__doc__
     return call
 
@@ -158,14 +160,7 @@ class Executor:
         self.outputs = [slots[name] for name in plan.outputs]
 
     def __call__(self, *inputs: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
-        tensors = list(inputs)
-        for shape, dtype, zeroed in self.buffers:
-            if zeroed:
-                tensors.append(torch.zeros(shape, dtype=dtype, device=device))
-            elif _POISON and dtype.is_floating_point:
-                tensors.append(torch.full(shape, float("nan"), dtype=dtype, device=device))
-            else:
-                tensors.append(torch.empty(shape, dtype=dtype, device=device))
+        tensors = [*inputs, *(allocate(shape, dtype, zeroed, device) for shape, dtype, zeroed in self.buffers)]
         if type(inputs[0]) in _PLAIN:  # real tensors (an op's body traced by torch.compile sees fake ones)
             for step in self.steps:
                 step.run(tensors, device)
@@ -174,6 +169,15 @@ class Executor:
                 step.trace(tensors)
         # tracing on the CPU: shapes only (the interpreter cannot run on fake tensors; the ops stay graph nodes)
         return tuple(tensors[i] for i in self.outputs)
+
+
+def allocate(shape, dtype: torch.dtype, zeroed: bool, device) -> torch.Tensor:
+    """A plan buffer: zeros when the plan says so, else uninitialized (NaN under TILE_KERNELS_POISON=1)."""
+    if zeroed:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    if _POISON and dtype.is_floating_point:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _slot(ref, slots):
@@ -200,8 +204,7 @@ class _LaunchStep:
         self.tensor_args = [i for i, a in enumerate(names) if is_ref(a) or a is None]
         kernel = launch.kernel
         self.grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
-        options = dict(launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
-        self.options = options
+        self.options = dict(launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
         self.bound: dict = {}
         if not _INTERPRETING:  # the bound launcher takes every parameter: the constexprs follow the others (plan.py)
             defaults = {p.name: p.default for p in kernel.params}
@@ -220,18 +223,16 @@ class _LaunchStep:
             kernel[self.grid](*args, **self.options)
             return
         index = device.index
+        if index != torch.cuda.current_device():  # Triton compiles, loads and launches on the current device
+            with torch.cuda.device(index):
+                return self.run(tensors, device)
         key = (index, *(args[i].data_ptr() & 15 == 0 for i in self.tensor_args))
         bound = self.bound.get(key)
         if bound is None or _profiled():  # first call (compiles or loads), or a profiler's hooks
-            with torch.cuda.device(index):
-                compiled = kernel[self.grid](*args, **self.options)
+            compiled = kernel[self.grid](*args, **self.options)
             self.bound[key] = (compiled.run, compiled.function, compiled.packed_metadata)
             return
         run, function, metadata = bound
-        if index != torch.cuda.current_device():
-            with torch.cuda.device(index):
-                run(*self.grid, _stream(index), function, metadata, None, None, None, *args, *self.constexprs)
-            return
         run(*self.grid, _stream(index), function, metadata, None, None, None, *args, *self.constexprs)
 
     def trace(self, tensors):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torch.library import triton_op
 
 from tile_kernels.core import cross_entropy as core
 from tile_kernels.core import dtype_name
@@ -55,10 +54,8 @@ def _backward(ctx, dloss, _dlse, _dcount):
     return dlogits, None, None, None, None
 
 
-cross_entropy_bwd = eager_op(triton_op("tile_kernels::cross_entropy_bwd", mutates_args=())(_bwd), _bwd)
-cross_entropy_fwd = eager_op(
-    triton_op("tile_kernels::cross_entropy_fwd", mutates_args=())(_fwd), _fwd, _setup_context, _backward
-)
+cross_entropy_bwd = eager_op("cross_entropy_bwd", _bwd)
+cross_entropy_fwd = eager_op("cross_entropy_fwd", _fwd, _setup_context, _backward)
 
 
 def cross_entropy(

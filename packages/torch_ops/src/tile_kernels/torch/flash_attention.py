@@ -8,7 +8,7 @@ the backward is Triton's for every backend."""
 from __future__ import annotations
 
 import torch
-from torch.library import custom_op, triton_op
+from torch.library import custom_op
 
 from tile_kernels.core import dtype_name
 from tile_kernels.core import flash_attention as core
@@ -91,10 +91,8 @@ def _backward(ctx, dout, _dlse):
     return dq, dk, dv, None, None, None, None, None, None
 
 
-flash_attention_bwd = eager_op(triton_op("tile_kernels::flash_attention_bwd", mutates_args=())(_bwd), _bwd)
-flash_attention_fwd = eager_op(
-    triton_op("tile_kernels::flash_attention_fwd", mutates_args=())(_fwd), _fwd, _setup_context, _backward
-)
+flash_attention_bwd = eager_op("flash_attention_bwd", _bwd)
+flash_attention_fwd = eager_op("flash_attention_fwd", _fwd, _setup_context, _backward)
 
 
 def flash_attention(

@@ -17,7 +17,6 @@ nobody differentiates would have cost as much as the gradients themselves."""
 from __future__ import annotations
 
 import torch
-from torch.library import triton_op
 
 from tile_kernels.core import dtype_name
 from tile_kernels.core import fused_linear_cross_entropy as core
@@ -69,16 +68,10 @@ def _scale_(
     run(dloss.reshape(1).float(), count, dhidden, dweight, device=dhidden.device)
 
 
-fused_linear_cross_entropy_fwd = eager_op(
-    triton_op("tile_kernels::fused_linear_cross_entropy_fwd", mutates_args=())(_fwd), _fwd
-)
-fused_linear_cross_entropy_bwd = eager_op(
-    triton_op("tile_kernels::fused_linear_cross_entropy_bwd", mutates_args=())(_bwd), _bwd
-)
-fused_linear_cross_entropy_scale_ = eager_op(
-    triton_op("tile_kernels::fused_linear_cross_entropy_scale_", mutates_args=("dhidden", "dweight"))(_scale_),
-    _scale_,
-)
+fused_linear_cross_entropy_fwd = eager_op("fused_linear_cross_entropy_fwd", _fwd)
+fused_linear_cross_entropy_bwd = eager_op("fused_linear_cross_entropy_bwd", _bwd)
+fused_linear_cross_entropy_scale_ = eager_op("fused_linear_cross_entropy_scale_", _scale_,
+                                             mutates_args=("dhidden", "dweight"))  # fmt: skip
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):

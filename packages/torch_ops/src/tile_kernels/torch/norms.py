@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.library import custom_op, triton_op
+from torch.library import custom_op
 
 from tile_kernels.core import dtype_name, norms
 from tile_kernels.core import layer_norm as layer_core
@@ -147,10 +147,8 @@ def _rms_backward(ctx, dy, dh, _drstd):
     return dx, dweight, (dx if ctx.has_residual else None), None, None
 
 
-rms_norm_bwd = eager_op(triton_op("tile_kernels::rms_norm_bwd", mutates_args=())(_rms_bwd), _rms_bwd)
-rms_norm_fwd = eager_op(
-    triton_op("tile_kernels::rms_norm_fwd", mutates_args=())(_rms_fwd), _rms_fwd, _rms_setup_context, _rms_backward
-)
+rms_norm_bwd = eager_op("rms_norm_bwd", _rms_bwd)
+rms_norm_fwd = eager_op("rms_norm_fwd", _rms_fwd, _rms_setup_context, _rms_backward)
 
 
 def rms_norm(
@@ -211,11 +209,8 @@ def _layer_backward(ctx, dy, dh, _dmean, _drstd):
     return dx, dweight, (dbias if ctx.has_bias else None), (dx if ctx.has_residual else None), None
 
 
-layer_norm_bwd = eager_op(triton_op("tile_kernels::layer_norm_bwd", mutates_args=())(_layer_bwd), _layer_bwd)
-layer_norm_fwd = eager_op(
-    triton_op("tile_kernels::layer_norm_fwd", mutates_args=())(_layer_fwd), _layer_fwd, _layer_setup_context,
-    _layer_backward,
-)  # fmt: skip
+layer_norm_bwd = eager_op("layer_norm_bwd", _layer_bwd)
+layer_norm_fwd = eager_op("layer_norm_fwd", _layer_fwd, _layer_setup_context, _layer_backward)
 
 
 def layer_norm(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torch.library import triton_op
 
 from tile_kernels.core import dtype_name
 from tile_kernels.core import rotary as core
@@ -42,10 +41,8 @@ def _backward(ctx, dy):
     return apply_rotary_bwd(dy, *ctx.saved_tensors, ctx.interleaved), None, None, None
 
 
-apply_rotary_bwd = eager_op(triton_op("tile_kernels::apply_rotary_bwd", mutates_args=())(_bwd), _bwd)
-apply_rotary_fwd = eager_op(
-    triton_op("tile_kernels::apply_rotary_fwd", mutates_args=())(_fwd), _fwd, _setup_context, _backward
-)
+apply_rotary_bwd = eager_op("apply_rotary_bwd", _bwd)
+apply_rotary_fwd = eager_op("apply_rotary_fwd", _fwd, _setup_context, _backward)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:

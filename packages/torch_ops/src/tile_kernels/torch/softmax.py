@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torch.library import triton_op
 
 from tile_kernels.core import dtype_name
 from tile_kernels.core import softmax as core
@@ -39,8 +38,8 @@ def _backward(ctx, dy):
     return softmax_bwd(y, dy)
 
 
-softmax_bwd = eager_op(triton_op("tile_kernels::softmax_bwd", mutates_args=())(_bwd), _bwd)
-softmax_fwd = eager_op(triton_op("tile_kernels::softmax_fwd", mutates_args=())(_fwd), _fwd, _setup_context, _backward)
+softmax_bwd = eager_op("softmax_bwd", _bwd)
+softmax_fwd = eager_op("softmax_fwd", _fwd, _setup_context, _backward)
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torch.library import triton_op
 
 from tile_kernels.core import dtype_name
 from tile_kernels.core import swiglu as core
@@ -36,8 +35,8 @@ def _backward(ctx, dy):
     return swiglu_bwd(dy, *ctx.saved_tensors)
 
 
-swiglu_bwd = eager_op(triton_op("tile_kernels::swiglu_bwd", mutates_args=())(_bwd), _bwd)
-swiglu_fwd = eager_op(triton_op("tile_kernels::swiglu_fwd", mutates_args=())(_fwd), _fwd, _setup_context, _backward)
+swiglu_bwd = eager_op("swiglu_bwd", _bwd)
+swiglu_fwd = eager_op("swiglu_fwd", _fwd, _setup_context, _backward)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
