@@ -19,6 +19,8 @@ import tile_kernels.torch as tk
 from tile_kernels.core import norms
 from tile_kernels.torch import _runtime
 from tile_kernels.torch.norms import _forward
+from tile_kernels.torch.norms import _rms_bwd as rms_norm_backward_body
+from tile_kernels.torch.norms import _rms_fwd as rms_norm_body
 
 
 def wall_us(fn, calls: int = 1000) -> float:
@@ -44,6 +46,72 @@ class _Double(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g * 2
+
+
+class _KernelForward(torch.autograd.Function):
+    """rms_norm's forward body, a backward of torch ops: what the backward kernels cost beside autograd's own."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        y, _, rstd = rms_norm_body(x, w, None, 1e-6)
+        ctx.save_for_backward(x, w, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w, _ = ctx.saved_tensors
+        return g * w, (g * x).sum(0)
+
+
+class _KernelBackward(torch.autograd.Function):
+    """A forward of torch ops, rms_norm's backward body."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        rstd = torch.ones(x.shape[:-1], device=x.device)
+        ctx.save_for_backward(x, w, rstd)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w, rstd = ctx.saved_tensors
+        return rms_norm_backward_body(g, x, w, rstd, None)
+
+
+def autograd_rows(x, w, ct) -> None:
+    """Where a forward + backward's host time goes beside the forward's: autograd's device thread (multithreading
+    off runs the backward on the calling thread), a kernel forward or a kernel backward alone in a Python
+    autograd.Function, and a cProfile of the steps on one thread."""
+    import cProfile
+    import pstats
+
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    dh = torch.randn_like(x)
+    step = lambda: torch.autograd.grad(tk.rms_norm(xg, wg), [xg, wg], ct)  # noqa: E731
+    fwd = tk.rms_norm(xg, wg)
+    rstd = torch.ones(x.shape[0], device=x.device)
+    rows = {
+        "tk.rms_norm fwd (grad graph)": lambda: tk.rms_norm(xg, wg),
+        "tk.rms_norm fwd+bwd": step,
+        "tk.rms_norm fwd+bwd .backward()": lambda: tk.rms_norm(xg, wg).backward(ct),
+        "backward body (rms_norm_bwd)": lambda: rms_norm_backward_body(ct, x, w, rstd, None),
+        "backward body + residual grad": lambda: rms_norm_backward_body(ct, x, w, rstd, dh),
+        "Function: kernel fwd, torch bwd": lambda: torch.autograd.grad(_KernelForward.apply(xg, wg), [xg, wg], ct),
+        "Function: torch fwd, kernel bwd": lambda: torch.autograd.grad(_KernelBackward.apply(xg, wg), [xg, wg], ct),
+    }
+    for threads in (True, False):
+        with torch.autograd.set_multithreading_enabled(threads):
+            for name, fn in rows.items():
+                print(f"{name:34s} {wall_us(fn):8.1f} us  (autograd threads {'on' if threads else 'off'})", flush=True)
+    del fwd
+    with torch.autograd.set_multithreading_enabled(False):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(500):
+            step()
+        torch.cuda.synchronize()
+        profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
 
 
 def main() -> None:
@@ -100,6 +168,7 @@ def main() -> None:
     }
     for name, fn in rows.items():
         print(f"{name:34s} {wall_us(fn):8.1f} us", flush=True)
+    autograd_rows(x, w, ct)
 
     if args.out:
         from torch.profiler import ProfilerActivity, profile

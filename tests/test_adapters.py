@@ -219,9 +219,26 @@ def test_cpu_call_without_interpreter_raises_clear_error(framework, call):
         "torch": "import torch, tile_kernels.torch as tk",
         "jax": "import jax.numpy as jnp, tile_kernels.jax as tk",
     }
-    code = f"{imports[framework]}\ntry:\n    {call}\nexcept ValueError as e:\n    print('ERR', e)"
-    out = run_python(code=code, TRITON_INTERPRET="0")
-    assert "ERR " in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stdout + out.stderr
+    attempt = f"try:\n    {call}\nexcept ValueError as e:\n    print('ERR', e)"
+    set_late = "import os; os.environ['TRITON_INTERPRET'] = '1'"  # too late: the kernels were defined compiled
+    out = run_python(code=f"{imports[framework]}\n{attempt}\n{set_late}\n{attempt}", TRITON_INTERPRET="0")
+    errors = [line for line in out.stdout.splitlines() if line.startswith("ERR ")]
+    assert len(errors) == 2, out.stdout + out.stderr
+    assert "set TRITON_INTERPRET=1 before importing tile_kernels" in errors[0], errors
+    assert "TRITON_INTERPRET=1 was set after tile_kernels was imported" in errors[1], errors
+
+
+@needs_torch
+def test_torch_ops_name_an_argument_that_is_not_a_tensor():
+    import numpy as np
+    import torch
+
+    import tile_kernels.torch as tk
+
+    with pytest.raises(TypeError, match="rms_norm: x must be a torch.Tensor, got ndarray"):
+        tk.rms_norm(np.ones((2, 3), np.float32), torch.ones(3))
+    with pytest.raises(TypeError, match="softmax: x must be a torch.Tensor, got ndarray"):
+        tk.softmax(np.ones((2, 3), np.float32))
 
 
 @needs_torch

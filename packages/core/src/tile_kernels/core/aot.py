@@ -105,9 +105,12 @@ def _config(op: str, plan: Plan, launch: Launch) -> KernelConfig:
                         launch.num_stages)  # fmt: skip
 
 
-def configs(target: TargetSpec, ops: Iterable[str] | None = None) -> list[KernelConfig | TileLangConfig]:
+def configs(
+    target: TargetSpec, ops: Iterable[str] | None = None, per_kernel: int | None = None
+) -> list[KernelConfig | TileLangConfig]:
     """The distinct kernel configurations of the registered ops on `target`, in a stable order: the Triton ones, then
-    the TileLang ones."""
+    the TileLang ones. With `per_kernel`, at most that many of each op's kernel, spread evenly over its list (the
+    first and the last among them): every kernel's code compiled for the target in minutes, not hours."""
     seen: dict = {}
     plan_target = Target(warp_size=target.warp_size, num_sms=target.num_sms)
     for op in sorted(ops or REGISTRY):
@@ -117,7 +120,19 @@ def configs(target: TargetSpec, ops: Iterable[str] | None = None) -> list[Kernel
                     continue
                 cfg = _config(op, plan, launch)
                 seen.setdefault((cfg.kernel, cfg.signature, cfg.constexprs, cfg.num_warps, cfg.num_stages), cfg)
-    return list(seen.values()) + tilelang_configs(target, ops)
+    found = list(seen.values()) + tilelang_configs(target, ops)
+    return found if per_kernel is None else _spread(found, per_kernel)
+
+
+def _spread(cfgs: list, per_kernel: int) -> list:
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, cfg in enumerate(cfgs):
+        groups.setdefault((cfg.op, cfg.kernel_name), []).append(i)
+    keep = set()
+    for indices in groups.values():
+        n = min(per_kernel, len(indices))
+        keep.update(indices[round(k * (len(indices) - 1) / max(n - 1, 1))] for k in range(n))
+    return [cfgs[i] for i in sorted(keep)]
 
 
 # The TileLang part of the matrix: target name -> (TileLang target, whether to build the lowered source with nvcc).
@@ -266,11 +281,11 @@ def resources(compiled, target: TargetSpec) -> Resources:
     return Resources(registers, stack + local, shared, occupancy, "blocks/SM")
 
 
-def _compile_slice(target_name: str, ops: tuple[str, ...] | None, indices: list[int], out: str | None,
-                   with_resources: bool) -> list:  # fmt: skip
+def _compile_slice(target_name: str, ops: tuple[str, ...] | None, per_kernel: int | None, indices: list[int],
+                   out: str | None, with_resources: bool) -> list:  # fmt: skip
     """(index, error or None, manifest record) of the configurations `indices` of one target."""
     target = TARGETS[target_name]
-    cfgs = configs(target, ops)
+    cfgs = configs(target, ops, per_kernel)
     done = []
     for i in indices:
         cfg = cfgs[i]
@@ -317,17 +332,21 @@ class MatrixResult:
 def run_matrix(
     targets: Iterable[str], ops: Iterable[str] | None = None, out: str | None = None, jobs: int = 1,
     progress: Callable[[int, int, str], None] | None = None, with_resources: bool = False,
+    per_kernel: int | None = None,
 ) -> MatrixResult:  # fmt: skip
-    """Compiles every configuration for every target; with `out`, writes the binaries and manifest.json; with
-    `with_resources`, each Triton kernel's record holds its `resources` (a dict in the file)."""
+    """Compiles every configuration (or `per_kernel` of each kernel, as `configs`) for every target; with `out`,
+    writes the binaries and manifest.json; with `with_resources`, each Triton kernel's record holds its `resources`
+    (a dict in the file)."""
     ops = tuple(ops) if ops else None
-    work = [(name, list(range(len(configs(TARGETS[name], ops))))) for name in targets]
+    work = [(name, list(range(len(configs(TARGETS[name], ops, per_kernel))))) for name in targets]
     total = sum(len(idx) for _, idx in work)
     failures, records, count = [], {}, 0
     chunks = [(name, idx[k :: max(jobs, 1) * 4]) for name, idx in work for k in range(max(jobs, 1) * 4)]
     chunks = [(name, idx) for name, idx in chunks if idx]
     with ProcessPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        futures = [(name, pool.submit(_compile_slice, name, ops, idx, out, with_resources)) for name, idx in chunks]
+        futures = [
+            (name, pool.submit(_compile_slice, name, ops, per_kernel, idx, out, with_resources)) for name, idx in chunks
+        ]
         for name, future in futures:
             for index, error, record in future.result():
                 count += 1

@@ -11,7 +11,14 @@ from typing import Any
 from .plan import FLOAT_DTYPES, dtype_name
 
 
+def check_array(op: str, name: str, array: Any) -> None:
+    """Something with a shape and a dtype (a tensor or an array), not None, a list or a number."""
+    if not (hasattr(array, "shape") and hasattr(array, "dtype")):
+        raise TypeError(f"{op}: {name} must be a tensor or array, got {type(array).__name__}")
+
+
 def check_float(op: str, name: str, array: Any) -> str:
+    check_array(op, name, array)
     dtype = dtype_name(array.dtype)
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"{op}: {name} must have dtype float32, float16 or bfloat16, got {dtype}")
@@ -19,24 +26,30 @@ def check_float(op: str, name: str, array: Any) -> str:
 
 
 def check_min_ndim(op: str, name: str, array: Any, ndim: int) -> None:
+    check_array(op, name, array)
     if len(array.shape) < ndim:
         raise ValueError(f"{op}: {name} must have at least {ndim} dimension(s), got shape {tuple(array.shape)}")
 
 
 def check_shape(op: str, name: str, array: Any, expected: tuple[int, ...], what: str) -> None:
+    check_array(op, name, array)
     if tuple(array.shape) != tuple(expected):
         raise ValueError(f"{op}: {name} must have shape {tuple(expected)} ({what}), got {tuple(array.shape)}")
 
 
 def check_same_dtype(op: str, name: str, array: Any, dtype: str, what: str) -> None:
+    check_array(op, name, array)
     got = dtype_name(array.dtype)
     if got != dtype:
         raise TypeError(f"{op}: {name} must have dtype {dtype} ({what}), got {got}")
 
 
-def check_positive(op: str, name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{op}: {name} must be > 0, got {value}")
+def check_positive(op: str, name: str, value: Any) -> float:
+    """A finite real number > 0, as a float."""
+    number = check_real(op, name, value, "a finite number > 0")
+    if not number > 0:
+        raise ValueError(f"{op}: {name} must be a finite number > 0, got {value!r}")
+    return number
 
 
 def check_int(op: str, name: str, value: Any, what: str = "an int") -> int:

@@ -33,11 +33,13 @@ def _aot(args) -> int:
     unknown = [o for o in (args.op or []) + (args.skip or []) if o not in REGISTRY]
     if unknown:
         raise SystemExit(f"tile-kernels aot: unknown op(s) {unknown}; registered: {', '.join(sorted(REGISTRY))}")
+    if args.per_kernel is not None and args.per_kernel < 1:
+        raise SystemExit(f"tile-kernels aot: --per-kernel must be at least 1, got {args.per_kernel}")
     if args.skip:
         args.op = [o for o in (args.op or sorted(REGISTRY)) if o not in args.skip]
     if args.list:
         for name in targets:
-            for cfg in aot.configs(aot.TARGETS[name], args.op):
+            for cfg in aot.configs(aot.TARGETS[name], args.op, args.per_kernel):
                 print(f"{name}  {cfg.describe()}")
         return 0
     tilelang = [t for t in targets if t in aot.TILELANG_TARGETS]
@@ -45,7 +47,7 @@ def _aot(args) -> int:
         print(f"tile-kernels aot: TileLang kernels left out of {', '.join(tilelang)}: {aot.missing_tilelang()}")
     start = time.perf_counter()
     result = aot.run_matrix(targets, args.op, args.out, args.jobs, None if args.quiet else _progress,
-                            with_resources=args.report or args.no_spills)  # fmt: skip
+                            with_resources=args.report or args.no_spills, per_kernel=args.per_kernel)  # fmt: skip
     failures = list(result.failures)
     for name, records in result.manifest.items():
         for record in records:
@@ -86,6 +88,12 @@ def main(argv=None) -> int:
     aot.add_argument("--skip", action="append", help="leave these ops out (repeatable)")
     aot.add_argument("--out", help="write cubin/hsaco files and manifest.json under this folder")
     aot.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes (default: all cores)")
+    aot.add_argument(
+        "--per-kernel",
+        type=int,
+        metavar="N",
+        help="at most N configurations of each kernel, spread over its list (a quick check)",
+    )
     aot.add_argument("--list", action="store_true", help="list the configurations instead of compiling")
     aot.add_argument("--quiet", action="store_true", help="no progress bar")
     aot.add_argument("--report", action="store_true", help="print each Triton kernel's registers, spills, occupancy")

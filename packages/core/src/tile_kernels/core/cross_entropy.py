@@ -45,7 +45,7 @@ from .plan import (
     in_units,
     next_power_of_2,
 )
-from .registry import BadInput, Cost, OpInfo, register, round_to
+from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 from .rows import (
     MAX_ROW_BLOCK,
     WIDTH_BUCKETS,
@@ -309,6 +309,7 @@ def check(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0
         raise ValueError(f"{NAME}: logits must be 2-D (N, V), got shape {tuple(logits.shape)}")
     if logits.shape[1] < 1:
         raise ValueError(f"{NAME}: logits must have at least one class, got shape {tuple(logits.shape)}")
+    checks.check_array(NAME, "target", target)
     if dtype_name(target.dtype) not in TARGET_DTYPES:
         raise TypeError(f"{NAME}: target must have dtype int32 or int64, got {dtype_name(target.dtype)}")
     checks.check_shape(NAME, "target", target, logits.shape[:1], "one class index per row of logits")
@@ -512,6 +513,7 @@ def bad_inputs(kwargs) -> list[BadInput]:
         BadInput({"label_smoothing": "0.1"}, TypeError, r"cross_entropy: label_smoothing must be a number in \[0, 1\]"),
         BadInput({"ignore_index": 1.5}, TypeError, "cross_entropy: ignore_index must be an int"),
         BadInput({"ignore_index": True}, TypeError, "cross_entropy: ignore_index must be an int"),
+        *not_arrays(NAME, "logits", "target"),
     ]
 
 

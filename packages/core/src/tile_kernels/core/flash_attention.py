@@ -40,7 +40,7 @@ from . import backends, checks, flash_attention_tilelang
 from .backends import Call
 from .host import interpreting
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, in_units, next_power_of_2
-from .registry import BadInput, Cost, OpInfo, register, round_to
+from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
 NAME = "flash_attention"
 MAX_HEAD_DIM = 256
@@ -617,6 +617,7 @@ def default_scale(head_dim: int) -> float:
 def check(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0) -> None:
     dtype = checks.check_float(NAME, "q", q)
     for name, t in (("q", q), ("k", k), ("v", v)):
+        checks.check_array(NAME, name, t)
         if len(t.shape) != 4:
             raise ValueError(f"{NAME}: {name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
     checks.check_same_dtype(NAME, "k", k, dtype, "that of q")
@@ -890,6 +891,7 @@ def bad_inputs(kwargs) -> list[BadInput]:
         BadInput({"softmax_scale": "0.3"}, TypeError, "flash_attention: softmax_scale must be None or a finite"),
         BadInput({"softmax_scale": float("nan")}, ValueError, "flash_attention: softmax_scale must be None or a fin"),
         BadInput({"backend": "nope"}, ValueError, "flash_attention: backend must be one of"),
+        *not_arrays(NAME, "q", "k", "v"),
     ]
 
 

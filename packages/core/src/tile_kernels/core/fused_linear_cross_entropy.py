@@ -46,7 +46,7 @@ import triton.language as tl
 from . import checks
 from . import cross_entropy as ce
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Gemm, Launch, Plan, Target, cdiv, dtype_name, in_units, rows
-from .registry import BadInput, Cost, OpInfo, register, round_to
+from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 from .rows import WIDTH_BUCKETS
 
 NAME = "fused_linear_cross_entropy"
@@ -80,12 +80,14 @@ def check(hidden, weight, target, ignore_index=-100, reduction="mean", chunk_siz
     dtype = checks.check_float(NAME, "hidden", hidden)
     if len(hidden.shape) != 2:
         raise ValueError(f"{NAME}: hidden must be 2-D (N, D), got shape {tuple(hidden.shape)}")
+    checks.check_float(NAME, "weight", weight)
     checks.check_same_dtype(NAME, "weight", weight, dtype, "the dtype of hidden")
     if len(weight.shape) != 2 or weight.shape[1] != hidden.shape[1] or weight.shape[0] < 1:
         raise ValueError(
             f"{NAME}: weight must have shape (V, D) with V >= 1 and D = {hidden.shape[1]} (hidden's last dim), "
             f"got {tuple(weight.shape)}"
         )
+    checks.check_array(NAME, "target", target)
     if dtype_name(target.dtype) not in TARGET_DTYPES:
         raise TypeError(f"{NAME}: target must have dtype int32 or int64, got {dtype_name(target.dtype)}")
     checks.check_shape(NAME, "target", target, hidden.shape[:1], "one class index per row of hidden")
@@ -301,6 +303,7 @@ def bad_inputs(kwargs) -> list[BadInput]:
         BadInput({"chunk_size": 0}, ValueError, f"{NAME}: chunk_size must be >= 1"),
         BadInput({"chunk_size": 2.5}, TypeError, f"{NAME}: chunk_size must be an int"),
         BadInput({"ignore_index": True}, TypeError, f"{NAME}: ignore_index must be an int"),
+        *not_arrays(NAME, "hidden", "weight", "target"),
     ]  # fmt: skip
 
 

@@ -15,9 +15,23 @@ from .plan import Gemm, Plan, resolve, written_inputs
 _TRITON_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32": "i32", "int64": "i64"}
 
 
-def interpreting() -> bool:
-    """Triton's own switch; it must be set before triton is imported."""
+def _interpret_env() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+_INTERPRETING = _interpret_env()  # Triton decides when each kernel is defined (on import) whether it is interpreted
+
+
+def interpreting() -> bool:
+    """Triton's own switch as it was when tile_kernels was imported: it cannot take effect later."""
+    return _INTERPRETING
+
+
+def interpreter_hint() -> str:
+    """How to run the kernels on the CPU, for an error message; says so when the switch was set too late."""
+    if _interpret_env() and not _INTERPRETING:
+        return "TRITON_INTERPRET=1 was set after tile_kernels was imported: set it before importing tile_kernels"
+    return "set TRITON_INTERPRET=1 before importing tile_kernels"
 
 
 def poisoning() -> bool:

@@ -46,7 +46,7 @@ import triton.language as tl
 
 from . import checks
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
-from .registry import BadInput, Cost, round_to
+from .registry import BadInput, Cost, not_arrays, round_to
 from .rows import MAX_ROW_BLOCK, WIDTH_BUCKETS, programs_per_problem, row_block, sum_partials
 
 BACKWARD_MAX_ROW_BLOCK = 8192  # in-register rows of the backward (h, dy, dh, weight and two accumulators live)
@@ -524,7 +524,7 @@ def check(op: str, x, weight, bias, residual, eps) -> None:
     checks.check_min_ndim(op, "x", x, 1)
     dtype = checks.check_float(op, "x", x)
     for name, param in (("weight", weight), ("bias", bias)):
-        if param is not None:
+        if param is not None or name == "weight":
             checks.check_float(op, name, param)
             checks.check_shape(op, name, param, x.shape[-1:], "the last dim of x")
     if residual is not None:
@@ -603,5 +603,8 @@ def bad_inputs(op: str, kwargs) -> list[BadInput]:
         BadInput({"weight": np.zeros(weight.shape[0] + 1, weight.dtype)}, ValueError, f"{op}: weight must have shape"),
         BadInput({"residual": np.zeros(x.shape + (1,), x.dtype)}, ValueError, f"{op}: residual must have shape"),
         BadInput({"residual": x.astype(other)}, TypeError, f"{op}: residual must have dtype"),
-        BadInput({"eps": 0.0}, ValueError, f"{op}: eps must be > 0"),
+        BadInput({"eps": 0.0}, ValueError, f"{op}: eps must be a finite number > 0, got 0.0"),
+        BadInput({"eps": None}, TypeError, f"{op}: eps must be a finite number > 0, got None"),
+        BadInput({"eps": "a"}, TypeError, f"{op}: eps must be a finite number > 0, got 'a'"),
+        *not_arrays(op, "x", "weight"),
     ]

@@ -30,6 +30,12 @@ class BadInput:
     match: str
 
 
+def not_arrays(op: str, *names: str) -> list[BadInput]:
+    """None and a list in place of each required array argument: a TypeError naming it."""
+    return [BadInput({name: bad}, TypeError, f"{op}: {name} must be a tensor or array, got {type(bad).__name__}")
+            for name in names for bad in (None, [1.0, 2.0])]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class OpInfo:
     name: str

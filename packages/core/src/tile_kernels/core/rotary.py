@@ -16,7 +16,7 @@ import triton.language as tl
 
 from . import checks
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
-from .registry import BadInput, Cost, OpInfo, register, round_to
+from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
 NAME = "apply_rotary"
 # The half head dim and the strides are passed in units of 16 elements where they all divide (plan.in_units) and
@@ -66,6 +66,7 @@ def check(x, cos, sin, interleaved=False, per_sequence=False) -> None:
     if x.shape[-1] % 2:
         raise ValueError(f"{NAME}: x's head_dim must be even, got {x.shape[-1]}")
     shape = (x.shape[1], x.shape[-1] // 2)
+    checks.check_array(NAME, "cos", cos)
     if per_sequence and len(cos.shape) == 3:
         shape, what = (x.shape[0], *shape), "(batch, seqlen, head_dim / 2) of x"
     else:
@@ -156,6 +157,7 @@ def bad_inputs(kwargs) -> list[BadInput]:
         BadInput({"x": x[..., :-1]}, ValueError, "apply_rotary: x's head_dim must be even"),
         BadInput({"x": x.astype(np.int32)}, TypeError, "apply_rotary: x must have dtype"),
         BadInput({"cos": cos[:, :-1]}, ValueError, "apply_rotary: cos must have shape"),
+        *not_arrays(NAME, "x", "cos", "sin"),
     ]
 
 

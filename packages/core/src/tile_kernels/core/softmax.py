@@ -18,7 +18,7 @@ import triton.language as tl
 
 from . import checks
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, in_units
-from .registry import BadInput, Cost, OpInfo, register, round_to
+from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 from .rows import online_max_sum_step, online_max_sum_total, row_block, row_op_plans
 
 NAME = "softmax"
@@ -157,6 +157,7 @@ def bad_inputs(kwargs) -> list[BadInput]:
     return [
         BadInput({"x": x.astype(np.int32)}, TypeError, "softmax: x must have dtype"),
         BadInput({"dim": len(x.shape) + 1}, ValueError, "softmax: dim must be an int"),
+        *not_arrays(NAME, "x"),
     ]
 
 

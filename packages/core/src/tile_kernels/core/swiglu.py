@@ -18,7 +18,7 @@ import triton.language as tl
 
 from . import checks
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
-from .registry import BadInput, Cost, OpInfo, register, round_to
+from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 from .rows import row_op_plans
 
 NAME = "swiglu"
@@ -139,6 +139,7 @@ def bad_inputs(kwargs) -> list[BadInput]:
         BadInput({"up": np.zeros(gate.shape + (2,), gate.dtype)}, ValueError, "swiglu: up must have shape"),
         BadInput({"up": gate.astype(np.float16 if gate.dtype != np.float16 else np.float32)}, TypeError,
                  "swiglu: up must have dtype"),
+        *not_arrays(NAME, "gate", "up"),
     ]  # fmt: skip
 
 

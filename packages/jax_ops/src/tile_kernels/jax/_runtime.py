@@ -59,7 +59,7 @@ def mode(op: str) -> str:
         return "interpret"
     raise ValueError(
         f"{op}: JAX's default backend is {backend!r}; the kernels run on a CUDA/ROCm GPU, or on the CPU in interpret "
-        "mode (set TRITON_INTERPRET=1 before importing tile_kernels)"
+        f"mode ({host.interpreter_hint()})"
     )
 
 

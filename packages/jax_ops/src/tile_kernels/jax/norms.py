@@ -118,6 +118,7 @@ def rms_norm(
     x: jax.Array, weight: jax.Array, eps: float = 1e-6, residual: jax.Array | None = None, backend: str | None = None
 ):
     """x / sqrt(mean(x^2) + eps) * weight over the last dim; with residual, h = x + residual and returns (y, h).
+    y and h have x's dtype, whatever weight's float dtype (the math runs in float32).
     backend: "triton", "tilelang", "cuda", or None for the default of the device (tile_kernels.core.backends)."""
     rms_core.check(x, weight, residual, eps)
     backend = backends.resolve(rms_core.NAME, backend, platform(rms_core.NAME), needs=("jax_tvm_ffi",))
@@ -131,7 +132,8 @@ def layer_norm(
     x: jax.Array, weight: jax.Array, bias: jax.Array | None = None, eps: float = 1e-5,
     residual: jax.Array | None = None,
 ):  # fmt: skip
-    """Layer norm over the last dim (as F.layer_norm); with residual, h = x + residual and returns (y, h)."""
+    """Layer norm over the last dim (as F.layer_norm); with residual, h = x + residual and returns (y, h).
+    y and h have x's dtype, whatever the float dtype of weight and bias (the math runs in float32)."""
     layer_core.check(x, weight, bias, eps, residual)
     x, weight, bias, residual = vary_alike(x, weight, bias, residual)  # in a shard_map: dweight summed
     y, h = _norm(x, weight, bias, residual, float(eps), False, "triton")

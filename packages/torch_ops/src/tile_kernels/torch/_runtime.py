@@ -20,7 +20,7 @@ from torch.library import triton_op, wrap_triton
 from triton import knobs
 
 from tile_kernels.core import Plan, Target
-from tile_kernels.core.host import interpreting, poisoning
+from tile_kernels.core.host import interpreter_hint, interpreting, poisoning
 from tile_kernels.core.plan import Gemm, Rows, is_ref
 
 _LIBRARY = torch.library.Library("tile_kernels", "FRAGMENT")
@@ -88,11 +88,13 @@ def register_public_op(schema: str, fn) -> None:
 
 
 def check_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
-    """All tensors on one device, and that device can run the kernels. Returns the device."""
+    """All tensors torch tensors on one device, and that device can run the kernels. Returns the device."""
     device = None
-    for t in tensors.values():
+    for name, t in tensors.items():
         if t is None:
             continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if device is None:
             device = t.device
         elif t.device != device:
@@ -105,11 +107,11 @@ def check_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
             return device
         raise ValueError(
             f"{op}: got CPU tensors; the kernels run on CUDA/ROCm devices, or on the CPU in Triton's interpreter "
-            "(set TRITON_INTERPRET=1 before importing tile_kernels)"
+            f"({interpreter_hint()})"
         )
     raise ValueError(
-        f"{op}: tensors must be on a CUDA/ROCm device (or on the CPU with TRITON_INTERPRET=1 set before importing "
-        f"tile_kernels), got {device}"
+        f"{op}: tensors must be on a CUDA/ROCm device, or on the CPU in Triton's interpreter ({interpreter_hint()}); "
+        f"got {device}"
     )
 
 

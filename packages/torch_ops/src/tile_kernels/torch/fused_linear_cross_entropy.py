@@ -117,7 +117,8 @@ def fused_linear_cross_entropy(
     (N, V) logits never exist. Differentiable in hidden and weight. The loss is float32 whatever the inputs' dtype
     (as the loss of logits upcast to float32, which Hugging Face models compute). Under torch.autocast hidden and
     weight are cast to autocast's dtype first, as the unfused `hidden @ weight.T` would be."""
-    if torch.is_autocast_enabled(hidden.device.type):  # as autocast runs the lm_head's linear: in its dtype
+    tensors = isinstance(hidden, torch.Tensor) and isinstance(weight, torch.Tensor)  # (else the checks name them)
+    if tensors and torch.is_autocast_enabled(hidden.device.type):  # as autocast runs the lm_head's linear
         dtype = torch.get_autocast_dtype(hidden.device.type)
         hidden, weight = hidden.to(dtype), weight.to(dtype)
     core.check(hidden, weight, target, ignore_index, reduction, chunk_size)

@@ -156,6 +156,7 @@ def rms_norm(
     backend: str | None = None,
 ):  # fmt: skip
     """x / sqrt(mean(x^2) + eps) * weight over the last dim; with residual, h = x + residual and returns (y, h).
+    y and h have x's dtype, whatever weight's float dtype (the math runs in float32).
     backend: "triton", "tilelang", "cuda", or None for the default of the device (tile_kernels.core.backends).
     Under torch.autocast a residual of another dtype than x is added in their promoted dtype, as `x + residual`."""
     x, residual = _promoted_under_autocast(x, residual)
@@ -169,7 +170,9 @@ def rms_norm(
 def _promoted_under_autocast(x, residual):
     """(x, residual) in their promoted dtype when they differ under torch.autocast (activations in bfloat16 beside a
     float32 residual stream), as torch's `x + residual` would add them; unchanged otherwise."""
-    if residual is None or residual.dtype == x.dtype or not torch.is_autocast_enabled(x.device.type):
+    if not isinstance(residual, torch.Tensor) or not isinstance(x, torch.Tensor) or residual.dtype == x.dtype:
+        return x, residual  # (what is not a tensor, the checks name)
+    if not torch.is_autocast_enabled(x.device.type):
         return x, residual
     dtype = torch.promote_types(x.dtype, residual.dtype)
     return x.to(dtype), residual.to(dtype)
@@ -218,6 +221,7 @@ def layer_norm(
     residual: torch.Tensor | None = None,
 ):  # fmt: skip
     """As F.layer_norm(x, x.shape[-1:], weight, bias, eps); with residual, h = x + residual and returns (y, h).
+    y and h have x's dtype, whatever the float dtype of weight and bias (the math runs in float32).
     Under torch.autocast a residual of another dtype than x is added in their promoted dtype, as `x + residual`."""
     x, residual = _promoted_under_autocast(x, residual)
     layer_core.check(x, weight, bias, eps, residual)
