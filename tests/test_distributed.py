@@ -62,7 +62,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # module scope reruns it when xdist interleaves other modules
 def jax_results():
     if "jax" not in DRIVERS:
         pytest.skip("jax not installed")
@@ -73,7 +73,7 @@ def jax_results():
     return _by_op(_results(done.stdout), done.stderr)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # module scope reruns it when xdist interleaves other modules
 def torch_results():
     if "torch" not in DRIVERS:
         pytest.skip("torch not installed")

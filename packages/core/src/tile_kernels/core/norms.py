@@ -469,7 +469,7 @@ def backward(
                 constexprs=dict(IS_RMS=is_rms, HAS_DH=has_dh, HAS_BIAS=has_bias, BLOCK_N=block),
                 num_warps=warps,
             ), "N", "stride_dy", "stride_h", "stride_w", "stride_dh"),
-        ) + tuple(sum_partials(p, name, batch, programs, n) for p, name in zip(partials, grads))  # fmt: skip
+        ) + tuple(sum_partials(p, name, batch, programs, n, target) for p, name in zip(partials, grads))  # fmt: skip
     else:  # split rows: row sums and weight-gradient partials, then dx (see the module docstring)
         tile_rows, tile_cols = BACKWARD_STATS_TILE
         chunks = cdiv(n, tile_cols)
@@ -498,7 +498,7 @@ def backward(
                 constexprs=dict(IS_RMS=is_rms, HAS_DH=has_dh, BLOCK_N=SPLIT_BLOCK, BLOCK_C=SEGMENT_SUMS_BLOCK),
                 num_warps=_warps(SPLIT_BLOCK, target),
             ), "N", "stride_dy", "stride_h", "stride_w", "stride_dh"),
-        ) + tuple(sum_partials(p, name, batch, groups, n) for p, name in zip(partials, grads))  # fmt: skip
+        ) + tuple(sum_partials(p, name, batch, groups, n, target) for p, name in zip(partials, grads))  # fmt: skip
     inputs = {"dy": x_dtype, "h": x_dtype, "weight": weight_dtype} | ({} if is_rms else {"mean": "float32"})
     inputs |= {"rstd": "float32"} | ({"dh": x_dtype} if has_dh else {})
     return Plan(inputs, buffers, launches, ("dx",) + grads)

@@ -84,17 +84,17 @@ def sum_partials_kernel(
     tl.store(OUT + b * N + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cols < N)
 
 
-def sum_partials(partial: str, out: str, batch: int, programs: int, n: int) -> Launch:
+def sum_partials(partial: str, out: str, batch: int, programs: int, n: int, target: Target) -> Launch:
     """Launch that reduces a (batch, programs, n) fp32 partial buffer to (batch, n): a program per 64 columns (a
     few thousand partial rows over a 2048-wide weight: 32 programs, not 8 latency-bound ones), 64 partial rows
-    (16 KB) a step."""
-    block_n = min(64, next_power_of_2(n))
+    (16 KB) a step; wider column blocks (and as many fewer rows a step) where that would exceed 32 programs an SM."""
+    block_n = min(max(64, next_power_of_2(cdiv(n, 32 * target.num_sms))), next_power_of_2(n))
     launch = Launch(
         sum_partials_kernel,
         grid=(cdiv(n, block_n), batch),
         reads=(partial, programs, n),
         writes=(out,),
-        constexprs=dict(BLOCK_G=64, BLOCK_N=block_n),
+        constexprs=dict(BLOCK_G=max(1, 4096 // max(block_n, 64)), BLOCK_N=block_n),
         num_warps=4,
     )
     return in_units(launch, "N")
