@@ -50,8 +50,9 @@ def _run_plan(kwargs: dict, num_splits: int | None) -> np.ndarray:
     q, k, table = kwargs["q"], kwargs["k_cache"], kwargs["block_table"]
     batch, heads_q, head_dim = q.shape
     capacity = k.shape[1] * (table.shape[1] if table is not None else 1)
+    page_size = k.shape[1] if table is not None else None
     plan = da.forward(batch, heads_q, k.shape[2], head_dim, capacity, dtype=str(q.dtype),
-                      scale=kwargs["softmax_scale"], target=Target(), page_size=k.shape[1] if table is not None else None,
+                      scale=kwargs["softmax_scale"], target=Target(), page_size=page_size,
                       num_splits=num_splits)  # fmt: skip
     arrays = [q, k, kwargs["v_cache"], kwargs["cache_seqlens"]] + ([table] if table is not None else [])
     return host.run_plan(plan, *arrays)[0].astype(np.float64)
@@ -193,8 +194,8 @@ def test_torch_opcheck_and_compile():
     dev = "cuda" if DEVICE == "gpu" else "cpu"
     rng = np.random.default_rng(6)
     kwargs = _paged(rng, _contiguous(rng, [40, 0, 17], 48, 4, 2, 32), 16)
-    q, k, v, lengths, table = (torch.from_numpy(kwargs[n]).to(dev) for n in ("q", "k_cache", "v_cache",
-                                                                             "cache_seqlens", "block_table"))  # fmt: skip
+    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
+    q, k, v, lengths, table = (torch.from_numpy(kwargs[n]).to(dev) for n in names)
     ops = torch.ops.tile_kernels
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     for op, args in [

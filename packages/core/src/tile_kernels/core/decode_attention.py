@@ -343,17 +343,18 @@ LONG_CONTEXT = 256  # a capacity taken from the drawn shape as it is (benchmarks
 
 
 def sample(rng: np.random.Generator, shape, dtype: str, paged=False, gqa=1, page_size=None) -> dict:
-    """q (B, Hk * gqa, D), caches of capacity C, from a drawn shape (..., n): B = shape[0] (at most 4; 1 without
-    leading dims); Hk = shape[2] (as it is from 16 on, else at most 4; 2 if absent); D = n up to 64 (or 128 / 256),
-    else 16, 32 or 64; C = shape[1] if it is 0 or >= LONG_CONTEXT (a benchmark's shape: every sequence full), else
-    drawn in [1, 160]. Lengths drawn among 0, 1, page_size +- 1, page_size, C and uniform ones. Paged: page_size
-    drawn from 1, 7, 16, 32 (unless given), the pool holds the B * max_pages pages (and 3 more) in a shuffled order."""
+    """q (B, Hk * gqa, D), caches of capacity C, from a drawn shape (..., n): C = shape[1] if it is 0 or >=
+    LONG_CONTEXT (a benchmark's shape: every sequence full, B = shape[0] and Hk = shape[2] as they are), else drawn
+    in [1, 160], B = shape[0] at most 4 (1 without leading dims) and Hk = shape[2] (as it is from 16 on, else at
+    most 4; 2 if absent); D = n up to 64 (or 128 / 256), else 16, 32 or 64. Lengths drawn among 0, 1,
+    page_size +- 1, page_size, C and uniform ones. Paged: page_size drawn from 1, 7, 16, 32 (unless given), the pool
+    holds the B * max_pages pages (and 3 more) in a shuffled order."""
     lead, n = tuple(shape[:-1]), shape[-1]
-    batch = min(lead[0], 4) if lead else 1
     given = len(lead) > 1 and (lead[1] == 0 or lead[1] >= LONG_CONTEXT)
+    batch = (lead[0] if given else min(lead[0], 4)) if lead else 1
     capacity = lead[1] if given else int(rng.integers(1, 161))
     heads_k = lead[2] if len(lead) > 2 else 2
-    heads_k = heads_k if heads_k >= 16 else min(heads_k, 4)
+    heads_k = heads_k if heads_k >= 16 or given else min(heads_k, 4)
     head_dim = n if n <= 64 or n in (128, 256) else (16, 32, 64)[n % 3]
     page = int(page_size or rng.choice([1, 7, 16, 32])) if paged else 16
     max_pages = cdiv(capacity, page)
