@@ -53,6 +53,8 @@ class TorchDriver:
         args = {k: self.array(v, layout) for k, v in kwargs.items()}
         leaves = {k: args[k].requires_grad_() for k in grad_args if args.get(k) is not None}
         outs = _as_tuple(getattr(self.ops, op)(**args))
+        if not leaves:  # an op without a gradient (grad_args empty): the forward only
+            return tuple(self.numpy(o) for o in outs), {}
         cts = [self.array(c, layout) for c in cotangents]
         grads = self.torch.autograd.grad(outs, list(leaves.values()), cts)
         return tuple(self.numpy(o) for o in outs), {k: self.numpy(g) for k, g in zip(leaves, grads)}
@@ -83,6 +85,8 @@ class JaxDriver:
     def vjp(self, op: str, kwargs: dict, grad_args: tuple, cotangents: tuple, layout: str = "contiguous"):
         args = {k: self.array(v) for k, v in kwargs.items()}
         names = [k for k in grad_args if args.get(k) is not None]
+        if not names:  # an op without a gradient (grad_args empty): the forward only
+            return self.call(op, kwargs, layout), {}
 
         def f(*diff):
             return _as_tuple(getattr(self.ops, op)(**{**args, **dict(zip(names, diff))}))

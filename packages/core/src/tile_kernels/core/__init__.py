@@ -5,6 +5,7 @@ Imports neither torch nor JAX. The adapters `tile_kernels.torch` and `tile_kerne
 # importing the op modules registers the ops
 from . import (  # noqa: F401
     cross_entropy,
+    decode_attention,
     flash_attention,
     fused_linear_cross_entropy,
     layer_norm,

@@ -44,9 +44,13 @@ OPTIONS = {
     "apply_rotary": {"interleaved": False, "fp32_tables": True},
     "fused_linear_cross_entropy": {"reduction": "mean", "dim": 4096},
     "flash_attention": {"causal": False, "window": False, "gqa": 1, "cross": False, "softcap": False},
+    "decode_attention": {"paged": False, "gqa": 4, "page_size": 64},
 }
 # Variants of OPTIONS benchmarked as separate cases, named by a tag after the shape.
-VARIANTS = {"flash_attention": {"": {}, " causal": {"causal": True}}}
+VARIANTS = {
+    "flash_attention": {"": {}, " causal": {"causal": True}},
+    "decode_attention": {"": {}, " paged": {"paged": True}},
+}
 
 # the note of a backward that a forward computes (fused_linear_cross_entropy): no time of its own
 FUSED_BACKWARD = "the forward computes the gradients (step = forward + scaling)."
@@ -62,6 +66,8 @@ def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
         return [(max(1, elements // (1 << 13)), 128256)]  # 8192 tokens at the default size
     if op == "flash_attention":  # (B, S, H, D): 4 x 8192 tokens of 32 heads of 128 at the default size
         return [(4, max(64, elements // (1 << 13)), 32, 128)]
+    if op == "decode_attention":  # (B, capacity, Hk, D), full caches: 64 sequences of 1K tokens, one of 64K
+        return [(b, max(256, elements // (b * 1024)), 8, 128) for b in (64, 1)]
     return [(max(1, elements // w), w) for w in widths]
 
 

@@ -101,20 +101,22 @@ class Launch:
 ALIGN = 16  # elements: Triton's divisibility unit for int arguments
 
 
-def in_units(launch: Launch, *names: str) -> Launch:
+def in_units(launch: Launch, *names: str, units: tuple[int, ...] = (ALIGN,)) -> Launch:
     """`launch` with its int arguments `names` (the row widths and strides its addresses are built from) passed in
     units of ALIGN elements and the constexpr UNIT = ALIGN when every one is a multiple of ALIGN; else unchanged with
     UNIT = 1. The kernel multiplies them back by UNIT first: the products are then known multiples of 16, so its rows
     start 16-byte aligned and its loads and stores vectorize whatever the launcher specializes. Triton's own launcher
     (torch) marks int arguments divisible by 16 itself; jax-triton (0.3) does not, and a hint on an argument
-    (tl.multiple_of, tl.assume) is lost: without the units its builds load and store element by element."""
+    (tl.multiple_of, tl.assume) is lost: without the units its builds load and store element by element.
+    `units` lists the units to try, largest first: (16, 8) also vectorizes rows of 8k half-precision elements (16
+    bytes) when they are not multiples of 16 (head dims 40, 72, ...)."""
     params = launch.kernel.arg_names
     positions = [params.index(name) for name in names]
     values = [launch.reads[i] for i in positions]
     if any(isinstance(v, (bool, float)) or not hasattr(v, "__index__") for v in values):  # ints or torch SymInts
         raise TypeError(f"{launch.kernel.__name__}: {names} must be int arguments, got {values}")
     # a value that would pass as i64 stays as it is: its quotient could pass as i32 and overflow when multiplied back
-    unit = ALIGN if all(v % ALIGN == 0 and abs(v) < 2**31 for v in values) else 1
+    unit = next((u for u in units if all(v % u == 0 and abs(v) < 2**31 for v in values)), 1)
     reads = list(launch.reads)
     for i in positions:
         reads[i] //= unit

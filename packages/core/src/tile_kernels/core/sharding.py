@@ -112,6 +112,20 @@ def _flash_attention(kwargs) -> Split:
     return Split({"q": "b s h d", "k": kv, "v": kv}, ("b s h d",), split=("b", "h") if mha else ("b",))
 
 
+def _decode_attention(kwargs) -> Split:
+    """Contiguous caches: batch, and heads when q and the caches have as many (as flash_attention). Paged caches: the
+    page pool (n pages) is shared by the whole batch (any row's block table may point anywhere in it), so the batch
+    stays whole; heads split when q and the pool have as many, else nothing does."""
+    mha = kwargs["q"].shape[1] == kwargs["k_cache"].shape[2]
+    heads = "h d" if mha else "g d"
+    args = {"q": "b h d", "cache_seqlens": "b"}
+    if kwargs.get("block_table") is not None:
+        args |= {"k_cache": f"n t {heads}", "v_cache": f"n t {heads}", "block_table": "b m"}
+        return Split(args, ("b h d",), split=("h",) if mha else ())
+    args |= {"k_cache": f"b t {heads}", "v_cache": f"b t {heads}"}
+    return Split(args, ("b h d",), split=("b", "h") if mha else ("b",))
+
+
 def _loss(kwargs, args: dict) -> Split:
     reduction = kwargs.get("reduction", "mean")
     if reduction == "none":
@@ -135,6 +149,7 @@ RULES: dict[str, Callable[[Mapping[str, Any]], Split]] = {
     "swiglu": _swiglu,
     "apply_rotary": _rotary,
     "flash_attention": _flash_attention,
+    "decode_attention": _decode_attention,
     "cross_entropy": _cross_entropy,
     "fused_linear_cross_entropy": _fused_linear_cross_entropy,
 }

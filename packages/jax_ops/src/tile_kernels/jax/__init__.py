@@ -5,6 +5,7 @@ before import) selects interpret mode: the same kernels run in Triton's interpre
 Without either, a call raises a clear error; there is no silent fallback to a jnp implementation. No torch needed."""
 
 from .cross_entropy import cross_entropy
+from .decode_attention import decode_attention
 from .flash_attention import flash_attention
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
 from .norms import layer_norm, rms_norm
@@ -13,6 +14,6 @@ from .softmax import softmax
 from .swiglu import swiglu
 
 __all__ = [
-    "apply_rotary", "cross_entropy", "flash_attention", "fused_linear_cross_entropy", "layer_norm", "rms_norm",
-    "softmax", "swiglu",
+    "apply_rotary", "cross_entropy", "decode_attention", "flash_attention", "fused_linear_cross_entropy", "layer_norm",
+    "rms_norm", "softmax", "swiglu",
 ]  # fmt: skip

@@ -98,8 +98,22 @@ def flash_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, 
     return jnp.einsum("bhqk,bkhd->bqhd", p, vf).astype(q.dtype)
 
 
+def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
+    """The cache gathered (through the block table when paged) and masked past each length, heads expanded for GQA,
+    softmax in float32 (a sequence of length 0 gives 0)."""
+    if block_table is not None:  # (B, max_pages * page_size, Hk, D)
+        k_cache, v_cache = (c[block_table].reshape((q.shape[0], -1) + c.shape[2:]) for c in (k_cache, v_cache))
+    group = q.shape[1] // k_cache.shape[2]
+    k, v = (jnp.repeat(c, group, axis=2).astype(jnp.float32) for c in (k_cache, v_cache))
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    s = jnp.einsum("bhd,bshd->bhs", q.astype(jnp.float32), k) * scale
+    seen = jnp.arange(k.shape[1])[None, :] < cache_seqlens[:, None]
+    p = jnp.nan_to_num(jax.nn.softmax(jnp.where(seen[:, None, :], s, -jnp.inf), axis=-1), nan=0.0)
+    return jnp.einsum("bhs,bshd->bhd", p, v).astype(q.dtype)
+
+
 REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
-                                     fused_linear_cross_entropy, flash_attention)}  # fmt: skip
+                                     fused_linear_cross_entropy, flash_attention, decode_attention)}  # fmt: skip
 
 
 def _pallas(op: str):

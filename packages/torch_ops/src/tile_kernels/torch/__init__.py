@@ -6,6 +6,7 @@ TRITON_INTERPRET=1 was set before import, and a call raises a clear error otherw
 from . import nn
 from ._distributed import register_rules
 from .cross_entropy import cross_entropy, cross_entropy_bwd, cross_entropy_fwd
+from .decode_attention import decode_attention, decode_attention_fwd
 from .flash_attention import flash_attention, flash_attention_bwd, flash_attention_fwd
 from .fused_linear_cross_entropy import (
     fused_linear_cross_entropy,
@@ -23,7 +24,7 @@ register_rules()  # DTensor sharding strategies of the ops above (tile_kernels.c
 
 __all__ = [
     "apply_rotary", "apply_rotary_bwd", "apply_rotary_fwd", "apply_to", "cross_entropy", "cross_entropy_bwd",
-    "cross_entropy_fwd",
+    "cross_entropy_fwd", "decode_attention", "decode_attention_fwd",
     "flash_attention", "flash_attention_bwd", "flash_attention_fwd",
     "fused_linear_cross_entropy", "fused_linear_cross_entropy_bwd", "fused_linear_cross_entropy_fwd",
     "fused_linear_cross_entropy_scale_",

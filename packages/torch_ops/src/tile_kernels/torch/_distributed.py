@@ -136,6 +136,8 @@ def register_rules() -> None:
         _register_fused_linear_cross_entropy(ops)
     if hasattr(ops, "flash_attention_fwd"):
         _register_flash_attention(ops)
+    if hasattr(ops, "decode_attention_fwd"):
+        _register_decode_attention(ops)
 
 
 def _register_flash_attention(ops) -> None:
@@ -156,6 +158,21 @@ def _register_flash_attention(ops) -> None:
 
     row_local(ops.flash_attention_fwd.default, fwd)
     row_local(ops.flash_attention_bwd.default, bwd)
+
+
+def _register_decode_attention(ops) -> None:
+    """core.sharding's rule: batch (contiguous caches) and heads when q and the caches have as many; a paged pool is
+    shared by the batch, so there only heads split."""
+
+    def fwd(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale):
+        mha = q.shape[1] == k_cache.shape[2]
+        paged = block_table is not None
+        kv = ("n t " if paged else "b t ") + ("h d" if mha else "g d")
+        split = ("h",) if mha else ()
+        ins = ["b h d", kv, kv, "b", "b m" if paged else None, None]
+        return ins, ["b h d"], split if paged else ("b",) + split
+
+    row_local(ops.decode_attention_fwd.default, fwd)
 
 
 def _register_fused_linear_cross_entropy(ops) -> None:

@@ -89,8 +89,22 @@ def flash_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, 
     return (p @ vt.float()).to(q.dtype).transpose(1, 2)
 
 
+def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
+    """The cache gathered (through the block table when paged) and masked past each length, heads expanded for GQA,
+    softmax in float32 (a sequence of length 0 gives 0)."""
+    if block_table is not None:  # (B, max_pages * page_size, Hk, D)
+        k_cache, v_cache = (c[block_table.long()].flatten(1, 2) for c in (k_cache, v_cache))
+    group = q.shape[1] // k_cache.shape[2]
+    k, v = (c.float().repeat_interleave(group, 2) for c in (k_cache, v_cache))
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    s = torch.einsum("bhd,bshd->bhs", q.float(), k) * scale
+    seen = torch.arange(k.shape[1], device=q.device)[None, :] < cache_seqlens[:, None]
+    p = torch.softmax(s.masked_fill(~seen[:, None, :], float("-inf")), -1).nan_to_num(0.0)
+    return torch.einsum("bhs,bshd->bhd", p, v).to(q.dtype)
+
+
 EAGER = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
-                                  fused_linear_cross_entropy, flash_attention)}  # fmt: skip
+                                  fused_linear_cross_entropy, flash_attention, decode_attention)}  # fmt: skip
 
 
 def _sdpa(backend: str):

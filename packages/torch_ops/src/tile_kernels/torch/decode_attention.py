@@ -1,0 +1,62 @@
+"""torch adapter of tile_kernels.core.decode_attention: op tile_kernels::decode_attention_fwd (inference: no
+autograd; the output does not require grad)."""
+
+from __future__ import annotations
+
+import torch
+
+from tile_kernels.core import decode_attention as core
+from tile_kernels.core import dtype_name
+
+from ._runtime import check_device, eager_op, executor, register_public_op, target
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    """t with unit last-dim stride (copied only if it has none)."""
+    return t.contiguous() if t.shape[-1] > 1 and t.stride(-1) != 1 else t
+
+
+def _fwd(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor | None, softmax_scale: float,
+) -> torch.Tensor:  # fmt: skip
+    """Returns out (B, Hq, D) in q's dtype."""
+    q, k, v = _unit_last(q), _unit_last(k_cache), _unit_last(v_cache)
+    batch, heads_q, head_dim = q.shape
+    _, slots, heads_k, _ = k.shape
+    inputs = [q, k, v, cache_seqlens.contiguous()]
+    paged = dict(page_size=None)
+    if block_table is not None:
+        block_table = _unit_last(block_table)
+        paged = dict(page_size=slots, stride_bt=block_table.stride(0))
+        inputs.append(block_table)
+    capacity = slots * (block_table.shape[1] if block_table is not None else 1)
+    run = executor(core.forward, batch, heads_q, heads_k, head_dim, capacity, dtype=dtype_name(q.dtype),
+                   scale=softmax_scale, target=target(q.device), strides_q=tuple(q.stride()[:2]),
+                   strides_k=tuple(k.stride()[:3]), strides_v=tuple(v.stride()[:3]), **paged)  # fmt: skip
+    return run(*inputs, device=q.device)[0]
+
+
+decode_attention_fwd = eager_op("decode_attention_fwd", _fwd)
+
+
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor | None = None, softmax_scale: float | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Attention of one new token per sequence, q (B, Hq, D), over the first cache_seqlens[b] (int32 (B,)) positions
+    of its KV cache: contiguous k_cache / v_cache (B, Smax, Hk, D), or paged (num_blocks, page_size, Hk, D) with
+    block_table (B, max_pages) int32 (position p in page block_table[b, p // page_size], slot p % page_size);
+    Hq % Hk == 0; softmax_scale defaults to 1 / sqrt(D). Returns (B, Hq, D) in q's dtype; 0 for a sequence of length
+    0. Not differentiable. The multi-token (B, Sq, Hq, D) form is not supported (a ValueError)."""
+    core.check(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale)
+    check_device(core.NAME, q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                 block_table=block_table)  # fmt: skip
+    return decode_attention_fwd(q, k_cache, v_cache, cache_seqlens, block_table, core.options(q, softmax_scale))
+
+
+register_public_op(
+    "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? block_table=None, "
+    "float? softmax_scale=None) -> Tensor",
+    decode_attention,
+)

@@ -1,0 +1,229 @@
+"""decode_attention beyond the registry-driven suite: paged and contiguous caches agree on the same data, out-of-order
+block tables, sequences of length 0 (exactly 0), split counts 1 and many agree (the plans run directly, poisoned),
+GQA ratios past one tile, page sizes up to 256, the split heuristic, the adapters' guarantees (JAX jit / vmap as one
+launch, torch opcheck and torch.compile) and the benchmark peers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import DEVICE
+from drivers import DRIVERS
+from test_ops import assert_close
+
+from tile_kernels.core import Target, aot, host
+from tile_kernels.core import decode_attention as da
+from tile_kernels.core.registry import round_to
+
+needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
+needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
+needs_interpreter = pytest.mark.skipif(DEVICE != "cpu", reason="runs the plans on NumPy arrays in the interpreter")
+
+
+def _contiguous(rng, lengths, capacity, heads_q, heads_k, head_dim, dtype="float32") -> dict:
+    def draw(*shape):
+        return round_to(rng.standard_normal(shape), dtype)
+
+    batch = len(lengths)
+    return dict(q=draw(batch, heads_q, head_dim), k_cache=draw(batch, capacity, heads_k, head_dim),
+                v_cache=draw(batch, capacity, heads_k, head_dim), cache_seqlens=np.array(lengths, np.int32),
+                block_table=None, softmax_scale=None)  # fmt: skip
+
+
+def _paged(rng, kwargs: dict, page_size: int, order: str = "shuffled") -> dict:
+    """The same caches in a pool of pages (two spare ones), the block table in the given order."""
+    batch, capacity = kwargs["k_cache"].shape[:2]
+    pages = capacity // page_size
+    slots = np.arange(batch * pages) + 2
+    slots = rng.permutation(slots) if order == "shuffled" else slots[::-1]
+    table = slots.reshape(batch, pages).astype(np.int32)
+    pools = []
+    for cache in (kwargs["k_cache"], kwargs["v_cache"]):
+        pool = round_to(rng.standard_normal((batch * pages + 2, page_size) + cache.shape[2:]), str(cache.dtype))
+        pool[table] = cache.reshape(batch, pages, page_size, *cache.shape[2:])
+        pools.append(pool)
+    return {**kwargs, "k_cache": pools[0], "v_cache": pools[1], "block_table": table}
+
+
+def _run_plan(kwargs: dict, num_splits: int | None) -> np.ndarray:
+    """The op's plan run directly (poisoned buffers, TILE_KERNELS_POISON=1), with a forced split count."""
+    q, k, table = kwargs["q"], kwargs["k_cache"], kwargs["block_table"]
+    batch, heads_q, head_dim = q.shape
+    capacity = k.shape[1] * (table.shape[1] if table is not None else 1)
+    page_size = k.shape[1] if table is not None else None
+    plan = da.forward(batch, heads_q, k.shape[2], head_dim, capacity, dtype=str(q.dtype),
+                      scale=kwargs["softmax_scale"], target=Target(), page_size=page_size,
+                      num_splits=num_splits)  # fmt: skip
+    arrays = [q, k, kwargs["v_cache"], kwargs["cache_seqlens"]] + ([table] if table is not None else [])
+    return host.run_plan(plan, *arrays)[0].astype(np.float64)
+
+
+@pytest.mark.parametrize("page_size, order", [(16, "shuffled"), (32, "reversed"), (7, "shuffled")])
+def test_paged_and_contiguous_caches_agree(driver, page_size, order):
+    """The same data contiguous and paged (block table shuffled or reversed, pages of 7, 16 and 32) gives the same
+    output, and the reference's; lengths of 0, 1, a page +- 1 and the whole capacity."""
+    rng = np.random.default_rng(page_size)
+    capacity = 4 * page_size
+    lengths = [0, 1, page_size - 1, page_size + 1, capacity]
+    contiguous = _contiguous(rng, lengths, capacity, 4, 2, 32, "float16")
+    paged = _paged(rng, contiguous, page_size, order)
+    (got_contiguous,), (got_paged,) = driver.call(da.NAME, contiguous), driver.call(da.NAME, paged)
+    ref = da.reference(**contiguous)[0]
+    np.testing.assert_allclose(da.reference(**paged)[0], ref, rtol=1e-12, atol=1e-12)
+    assert_close("contiguous", got_contiguous, ref, "float16")
+    assert_close("paged", got_paged, ref, "float16")
+    np.testing.assert_array_equal(got_paged, got_contiguous)  # the same arithmetic on the same rows
+    assert np.all(got_paged[0] == 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_empty_sequences_give_exactly_zero(driver, dtype):
+    """Length 0 gives 0 (no NaN) beside sequences that are not empty, also with poisoned buffers; so does a cache of
+    capacity 0 (no launch)."""
+    rng = np.random.default_rng(1)
+    kwargs = _contiguous(rng, [0, 150, 0, 3], 150, 6, 2, 16, dtype)
+    (out,) = driver.call(da.NAME, kwargs)
+    assert not np.isnan(out).any() and np.all(out[[0, 2]] == 0) and np.all(out[[1, 3]] != 0)
+    assert_close("out", out, da.reference(**kwargs)[0], dtype)
+    (out,) = driver.call(da.NAME, _contiguous(rng, [0, 0], 0, 2, 1, 16, dtype))
+    assert out.shape == (2, 2, 16) and np.all(out == 0)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("paged", [False, True])
+def test_split_counts_agree(paged):
+    """1, 2, 5 and 16 splits (many of them empty for the short sequences; all of them for length 0) give the
+    reference's output; a forced split count beyond what the heuristic would pick here."""
+    rng = np.random.default_rng(2)
+    kwargs = _contiguous(rng, [200, 0, 37, 64, 1], 200, 3, 1, 40, "float16")
+    kwargs = _paged(rng, kwargs, 8) if paged else kwargs
+    ref = da.reference(**kwargs)[0]
+    outs = {splits: _run_plan(kwargs, splits) for splits in (1, 2, 5, 16)}
+    for splits, out in outs.items():
+        assert_close(f"{splits} splits", out, ref, "float16")
+        assert np.all(out[1] == 0)
+    np.testing.assert_allclose(outs[16], outs[1], rtol=0, atol=4 * 2.0**-10)
+
+
+@needs_interpreter
+def test_lengths_past_the_capacity_are_clamped():
+    """Lengths are values the host never reads: the kernel clamps them to [0, capacity] rather than read past the
+    cache (a negative one gives 0)."""
+    rng = np.random.default_rng(3)
+    kwargs = _contiguous(rng, [70, 0], 70, 2, 2, 16)
+    out = _run_plan({**kwargs, "cache_seqlens": np.array([1000, -5], np.int32)}, None)
+    assert_close("clamped", out, da.reference(**kwargs)[0], "float32")
+
+
+@pytest.mark.parametrize("heads_q, heads_k", [(3, 3), (8, 2), (6, 2), (40, 1), (80, 1)])
+def test_gqa_ratios(driver, heads_q, heads_k):
+    """Groups of 1 to 80 query heads a key/value head: a tile of 16, 32 or 64 rows, and several tiles past 64 (32 in
+    float32)."""
+    rng = np.random.default_rng(heads_q)
+    for dtype in ("float32", "bfloat16"):
+        kwargs = _contiguous(rng, [33, 70], 70, heads_q, heads_k, 16, dtype)
+        assert_close(f"{heads_q}/{heads_k} {dtype}", driver.call(da.NAME, kwargs)[0], da.reference(**kwargs)[0], dtype)
+
+
+def test_pages_of_256_and_an_explicit_scale(driver):
+    """Pages of 256 positions (lengths around the page boundary), head dim 40 (padded to 64, 8-element units), an
+    explicit softmax_scale."""
+    rng = np.random.default_rng(4)
+    kwargs = _contiguous(rng, [255, 257], 512, 2, 1, 40, "float16")
+    kwargs = {**_paged(rng, kwargs, 256), "softmax_scale": 0.3}
+    assert_close("out", driver.call(da.NAME, kwargs)[0], da.reference(**kwargs)[0], "float16")
+
+
+def test_split_heuristic_fills_the_gpu_for_one_long_sequence_only():
+    """B = 1 with a long context splits its sequence across the SMs; a large batch fills the GPU alone and takes one
+    split; short caches are never cut finer than MIN_SPLIT_BLOCKS blocks a split."""
+    h200 = Target(warp_size=32, num_sms=aot.TARGETS["cuda:90"].num_sms)
+    long_one = da.split_count(1, 8, 4, 32768, 128, "bfloat16", h200)
+    assert long_one >= 32 and 8 * long_one >= 2 * h200.num_sms
+    assert da.split_count(128, 8, 4, 32768, 128, "bfloat16", h200) == 1
+    assert da.split_count(1, 8, 4, 128, 128, "bfloat16", h200) == 1
+    assert da.split_count(1, 1, 128, 1 << 20, 128, "bfloat16", h200) == da.MAX_SPLITS
+    mi300 = Target(warp_size=64, num_sms=aot.TARGETS["hip:gfx942"].num_sms)
+    assert da.split_count(1, 8, 4, 32768, 128, "bfloat16", mi300) > long_one
+    plan = da.forward(1, 32, 8, 128, 32768, dtype="bfloat16", scale=None, target=h200)
+    assert [launch.grid for launch in plan.launches] == [(1, 8, long_one), (1, 32)]
+    assert [launch.grid for launch in da.forward(128, 32, 8, 128, 32768, dtype="bfloat16", scale=None,
+                                                 target=h200).launches] == [(128, 8, 1)]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------- JAX
+
+
+@needs_jax
+@pytest.mark.parametrize("paged", [False, True])
+def test_jax_jit_and_vmap_as_one_launch(paged):
+    import jax
+    import jax.numpy as jnp
+
+    import tile_kernels.jax as tk
+
+    rng = np.random.default_rng(5)
+    examples = []
+    for i in range(3):
+        kwargs = _contiguous(rng, [i * 20, 64 - i, 1], 64, 4, 2, 16)
+        examples.append(_paged(rng, kwargs, 16) if paged else kwargs)
+    names = ["q", "k_cache", "v_cache", "cache_seqlens"] + (["block_table"] if paged else [])
+    stacked = {k: jnp.asarray(np.stack([e[k] for e in examples])) for k in names}
+
+    def f(arrays):
+        return tk.decode_attention(**arrays)
+
+    first = {k: v[0] for k, v in stacked.items()}
+    np.testing.assert_array_equal(jax.jit(f)(first), f(first))
+    text = str(jax.make_jaxpr(jax.vmap(f))(stacked))
+    assert text.count("triton_kernel_call[") + text.count("pure_callback[") == 1
+    batched = jax.vmap(f)(stacked)
+    for i, e in enumerate(examples):
+        assert_close(f"vmap {i}", np.asarray(batched[i], np.float64), da.reference(**e)[0], "float32")
+
+
+# -------------------------------------------------------------------------------------------------------------- torch
+
+
+@needs_torch
+def test_torch_opcheck_and_compile():
+    import torch
+
+    import tile_kernels.torch as tk
+
+    dev = "cuda" if DEVICE == "gpu" else "cpu"
+    rng = np.random.default_rng(6)
+    kwargs = _paged(rng, _contiguous(rng, [40, 0, 17], 48, 4, 2, 32), 16)
+    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
+    q, k, v, lengths, table = (torch.from_numpy(kwargs[n]).to(dev) for n in names)
+    ops = torch.ops.tile_kernels
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    for op, args in [
+        (ops.decode_attention_fwd.default, (q, k, v, lengths, table, 0.2)),
+        (ops.decode_attention_fwd.default, (q, k[:3], v[:3], lengths, None, 0.2)),
+        (ops.decode_attention.default, (q, k, v, lengths, table, None)),
+    ]:
+        result = torch.library.opcheck(op, args, test_utils=utils)
+        assert all(r == "SUCCESS" for r in result.values()), (op, result)
+
+    def step(q, k, v, lengths, table):
+        return tk.decode_attention(q, k, v, lengths, table).square().sum(-1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="inductor" if DEVICE == "gpu" else "aot_eager")
+    torch.testing.assert_close(compiled(q, k, v, lengths, table), step(q, k, v, lengths, table))
+
+
+# ---------------------------------------------------------------------------------------------------------- peers
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("options", [dict(paged=True, gqa=3), dict(paged=True, gqa=1, page_size=7), dict(gqa=4)])
+def test_bench_peers_on_every_option(framework, options):
+    """The benchmark's torch eager and jax.jit peers compute the same op, paged and with GQA too."""
+    from test_bench import _peer
+
+    peer = _peer(framework, da.NAME)
+    for seed in range(3):
+        kwargs = da.sample(np.random.default_rng(seed), (3, 5, 32), "float32", **options)
+        np.testing.assert_allclose(peer(kwargs)[0], da.reference(**kwargs)[0], rtol=2e-5, atol=2e-6)
