@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import warnings
 
 import pytest
 from conftest import DEVICE
@@ -108,6 +109,9 @@ def _assert_passed(results: dict, op: str, expected_checks: set) -> None:
     failed = [f"[{r['check']} {r['case']}{' rank ' + str(r['rank']) if 'rank' in r else ''}]\n{r['error']}"
               for r in got if not r["ok"]]  # fmt: skip
     assert not failed, f"{len(failed)} of {len(got)} checks failed:\n" + "\n".join(failed)
+    for r in got:
+        if r["error"].startswith("skipped"):
+            warnings.warn(f"{op}: {r['check']} {r['case']} {r['error']}", stacklevel=2)
     assert {r["check"] for r in got} >= expected_checks, (
         f"{op}: ran {sorted({r['check'] for r in got})}, expected {sorted(expected_checks)}; stderr:\n"
         + results["_stderr"]
