@@ -42,7 +42,6 @@ MAX_SPLITS = 128
 MIN_SPLIT_BLOCKS = 2  # BLOCK_N blocks of positions a split gets at least (of the capacity)
 COMBINE_SPLITS = 16  # splits the combine loads at once
 PROGRAMS_PER_SM = 4  # split programs the heuristic aims for per multiprocessor
-LOG2E = 1.4426950408889634
 # the int arguments the split kernel builds addresses from, passed in units of 16 (or 8) elements where they all
 # divide (plan.in_units): rows then start 16-byte aligned and the K / V rows load 16 bytes at a time
 UNIT_ARGS = ("head_dim", "stride_qb", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs",
