@@ -20,10 +20,10 @@ from tile_kernels.core import sharding as rules
 # ops whose JAX adapter runs vmapped problems one after another (lax.map: GEMM-bound problems gain nothing from one
 # launch): lax.map needs the vmapped axis whole, so vmap over a sharded axis is not distributed for them
 SEQUENTIAL_VMAP = {"fused_linear_cross_entropy"}
-# ops whose explicit-sharding check of a gathered ("whole") factor deadlocks in interpret mode on a CPU: the four
-# host-device callbacks are entered before their gathered operands are ready, and each blocks reading one (JAX's CPU
-# runtime, 4 host devices on 2 cores). GPUs run no host callback. Reported as skipped, not run.
-CALLBACKS_DEADLOCK_ON_GATHER = {"decode_attention"}
+# ops whose sharded JAX checks deadlock in interpret mode on a CPU: the four host-device callbacks are entered before
+# their (gathered) operands are ready and block reading them, or a device's callback misses a collective's
+# rendezvous (JAX's CPU runtime, 4 host devices on 2 cores). GPUs run no host callback. Reported as skipped, not run.
+CALLBACKS_DEADLOCK_ON_CPU = {"decode_attention"}
 SHAPES = {"apply_rotary": (4, 8, 4, 16), "cross_entropy": (16, 40), "fused_linear_cross_entropy": (16, 40)}
 SHAPE = (4, 8, 24)
 

@@ -55,7 +55,7 @@ def _run_plan(kwargs: dict, num_splits: int | None) -> np.ndarray:
                       scale=kwargs["softmax_scale"], target=Target(), page_size=page_size,
                       num_splits=num_splits)  # fmt: skip
     arrays = [q, k, kwargs["v_cache"], kwargs["cache_seqlens"]] + ([table] if table is not None else [])
-    return host.run_plan(plan, *arrays)[0].astype(np.float64)
+    return host.run_plan(plan, *arrays)[0].reshape(q.shape).astype(np.float64)
 
 
 @pytest.mark.parametrize("page_size, order", [(16, "shuffled"), (32, "reversed"), (7, "shuffled")])
@@ -74,6 +74,23 @@ def test_paged_and_contiguous_caches_agree(driver, page_size, order):
     assert_close("paged", got_paged, ref, "float16")
     np.testing.assert_array_equal(got_paged, got_contiguous)  # the same arithmetic on the same rows
     assert np.all(got_paged[0] == 0)
+
+
+def test_new_tokens_see_the_cache_causally(driver):
+    """T new tokens a sequence (speculative decoding), q (B, T, Hq, D): token t is a one-token call over the first
+    L - (T - 1 - t) positions; a token that sees no position gives exactly 0."""
+    rng = np.random.default_rng(5)
+    tokens, lengths = 3, [0, 1, 2, 5, 40]
+    kwargs = _contiguous(rng, lengths, 40, 6, 2, 32)
+    kwargs["q"] = round_to(rng.standard_normal((len(lengths), tokens, 6, 32)), "float32")
+    (got,) = driver.call(da.NAME, kwargs)
+    assert got.shape == kwargs["q"].shape
+    assert_close("tokens", got, da.reference(**kwargs)[0], "float32")
+    for t in range(tokens):
+        seen = np.maximum(np.array(lengths) - (tokens - 1 - t), 0).astype(np.int32)
+        (one,) = driver.call(da.NAME, {**kwargs, "q": kwargs["q"][:, t], "cache_seqlens": seen})
+        np.testing.assert_allclose(got[:, t], one, rtol=1e-5, atol=1e-6)
+    assert np.all(got[0] == 0) and np.all(got[1, :2] == 0) and np.all(got[1, 2] != 0)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -1,23 +1,26 @@
 """Decode attention: decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None).
 
-One new query token per sequence, q (B, Hq, D), over the first L_b = cache_seqlens[b] positions of its KV cache:
-    out[b, h] = sum_{p < L_b} softmax_p(scale * q[b, h] . K_b[p, hk]) V_b[p, hk]     hk = h // (Hq / Hk)
-    scale = softmax_scale or 1 / sqrt(D); a sequence of length 0 gives 0
+New query tokens, q (B, Hq, D) (one a sequence) or (B, T, Hq, D) (T a sequence: speculative decoding), over the
+first L_b = cache_seqlens[b] positions of each sequence's KV cache, their own K / V already written (the last T):
+    out[b, t, h] = sum_{p < L_bt} softmax_p(scale * q[b, t, h] . K_b[p, hk]) V_b[p, hk]
+    L_bt = L_b - (T - 1 - t) (causal among the new tokens), hk = h // (Hq / Hk), scale = softmax_scale or 1 / sqrt(D);
+    a token that sees no position (L_bt <= 0) gives 0
 Caches: contiguous (B, Smax, Hk, D), K_b[p] = k_cache[b, p]; or paged (num_blocks, page_size, Hk, D) with block_table
 (B, max_pages) int32, K_b[p] = k_cache[block_table[b, p // page_size], p % page_size]. The capacity C (Smax, or
 max_pages * page_size) is a shape; the lengths are values, read on the device only (clamped to [0, C]; the pages
-they cover must be valid indices of the pool). The (B, Sq, Hq, D) multi-token form is not supported (a ValueError).
+they cover must be valid indices of the pool).
 
 Kernels (flash-decoding, split-KV; fp32 accumulation, log-sum-exps in base 2):
-  * split: grid (B, Hk * cdiv(Hq / Hk, BLOCK_G), S). A program holds up to BLOCK_G query heads of one key/value
-    head's group as the rows of a tile (padded to >= 16 rows, so tl.dot runs on tensor cores) and takes split s of
-    its sequence: positions [s * c, min((s + 1) * c, L_b)), c = cdiv(cdiv(L_b, S), BLOCK_N) * BLOCK_N, so the S
-    splits share the actual length, whatever the capacity. Online softmax over BLOCK_N positions at a time; a paged
-    cache gathers each position's row through its page index (any page size). Writes the split's normalized output
-    (fp32) and log-sum-exp to (B, Hq, S, D) and (B, Hq, S) plan buffers; an empty split writes 0 and lse = -inf.
-    With S = 1 it writes the output itself and the combine is not launched.
-  * combine: grid (B, Hq). out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), m = max_s lse_s; 0 where every split
-    is empty (L_b = 0). COMBINE_SPLITS splits a load. Output in q's dtype.
+  * split: grid (B, Hk * cdiv(T * Hq / Hk, BLOCK_G), S). A program holds up to BLOCK_G (token, query head) pairs of
+    one key/value head's group as the rows of a tile (padded to >= 16 rows, so tl.dot runs on tensor cores; each row
+    masked to its own L_bt) and takes split s of its sequence: positions [s * c, min((s + 1) * c, L_b)),
+    c = cdiv(cdiv(L_b, S), BLOCK_N) * BLOCK_N, so the S splits share the actual length, whatever the capacity.
+    Online softmax over BLOCK_N positions at a time; a paged cache gathers each position's row through its page
+    index (any page size). Writes the split's normalized output (fp32) and log-sum-exp to (B, T, Hq, S, D) and
+    (B, T, Hq, S) plan buffers; an empty split writes 0, lse = -inf. With S = 1 it writes the output itself and the
+    combine is not launched.
+  * combine: grid (B * T, Hq). out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), m = max_s lse_s; 0 where every
+    split is empty (L_bt <= 0). COMBINE_SPLITS splits a load. Output in q's dtype.
 S (`split_count`) depends on shapes only (no host sync): enough programs to fill the target's multiprocessors
 (B = 1 with a long context splits it up to MAX_SPLITS ways, a large batch not at all), never splits shorter than
 MIN_SPLIT_BLOCKS blocks. Head dims up to 256, padded to a power of two >= 16 with masks. Offsets are 64-bit.
@@ -44,8 +47,8 @@ COMBINE_SPLITS = 16  # splits the combine loads at once
 PROGRAMS_PER_SM = 4  # split programs the heuristic aims for per multiprocessor
 # the int arguments the split kernel builds addresses from, passed in units of 16 (or 8) elements where they all
 # divide (plan.in_units): rows then start 16-byte aligned and the K / V rows load 16 bytes at a time
-UNIT_ARGS = ("head_dim", "stride_qb", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs",
-             "stride_vh")  # fmt: skip
+UNIT_ARGS = ("head_dim", "stride_qb", "stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
+             "stride_vs", "stride_vh")  # fmt: skip
 UNITS = (16, 8)
 
 
@@ -59,32 +62,34 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 @triton.jit
 def decode_split_kernel(
-    Q, K, V, SEQLENS, BLOCK_TABLE, heads_q, heads_k, head_dim, seqlen_k, page_size, stride_bt,
-    stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale,
+    Q, K, V, SEQLENS, BLOCK_TABLE, tokens, heads_q, heads_k, head_dim, seqlen_k, page_size, stride_bt,
+    stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale,
     PARTIAL_O, PARTIAL_LSE, OUT,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr, IEEE: tl.constexpr,
     UNIT: tl.constexpr,
 ):  # fmt: skip
-    """Grid (B, Hk * cdiv(Hq / Hk, BLOCK_G), S). stride_kb / stride_vb: of the batch (contiguous) or of a page
-    (PAGED). PARTIAL_O (B, Hq, S, D) and PARTIAL_LSE (B, Hq, S) fp32, compact; with S = 1 the output OUT (B, Hq, D)
-    in q's dtype instead (no combine; the absent buffers are not touched)."""
+    """Grid (B, Hk * cdiv(T * Hq / Hk, BLOCK_G), S). stride_kb / stride_vb: of the batch (contiguous) or of a page
+    (PAGED). PARTIAL_O (B, T, Hq, S, D) and PARTIAL_LSE (B, T, Hq, S) fp32, compact; with S = 1 the output OUT
+    (B, T, Hq, D) in q's dtype instead (no combine; the absent buffers are not touched)."""
     scale = tl.cast(scale, tl.float32)  # torch.compile passes floats as fp64
-    head_dim, stride_qb, stride_qh = head_dim * UNIT, stride_qb * UNIT, stride_qh * UNIT
+    head_dim, stride_qb, stride_qt, stride_qh = head_dim * UNIT, stride_qb * UNIT, stride_qt * UNIT, stride_qh * UNIT
     stride_kb, stride_ks, stride_kh = stride_kb * UNIT, stride_ks * UNIT, stride_kh * UNIT
     stride_vb, stride_vs, stride_vh = stride_vb * UNIT, stride_vs * UNIT, stride_vh * UNIT
     b = tl.program_id(0).to(tl.int64)
     group = heads_q // heads_k
-    group_blocks = tl.cdiv(group, BLOCK_G)
+    group_blocks = tl.cdiv(tokens * group, BLOCK_G)
     hk = tl.program_id(1) // group_blocks
     split, splits = tl.program_id(2), tl.num_programs(2)
-    g = (tl.program_id(1) % group_blocks) * BLOCK_G + tl.arange(0, BLOCK_G)
-    row_ok = g < group
-    h = (hk * group + g).to(tl.int64)  # the query heads of the tile's rows
+    r = (tl.program_id(1) % group_blocks) * BLOCK_G + tl.arange(0, BLOCK_G)  # (token, head) pairs, heads fastest
+    row_ok = r < tokens * group
+    t = (r // group).to(tl.int64)
+    h = (hk * group + r % group).to(tl.int64)  # the query heads of the tile's rows
     d = tl.arange(0, BLOCK_D)
     dmask = d < head_dim
-    q = tl.load(Q + b * stride_qb + h[:, None] * stride_qh + d[None, :], mask=row_ok[:, None] & dmask[None, :],
-                other=0.0)  # fmt: skip
+    q = tl.load(Q + b * stride_qb + t[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & dmask[None, :], other=0.0)  # fmt: skip
     seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), seqlen_k)
+    visible = seqlen - (tokens - 1 - t)  # a row's L_bt: causal among the new tokens
     chunk = tl.cdiv(tl.cdiv(seqlen, splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, seqlen)
@@ -96,7 +101,7 @@ def decode_split_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     m_i = tl.full([BLOCK_G], -float("inf"), dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):  # every block holds a position < end: m_i is finite after it
+    for n0 in range(start, end, BLOCK_N):  # a row may see none of a block's positions: its m stays -inf
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < end
         if PAGED:
@@ -107,10 +112,11 @@ def decode_split_kernel(
             k_rows, v_rows = cols.to(tl.int64) * stride_ks, cols.to(tl.int64) * stride_vs
         kt = tl.load(k_base + k_rows[None, :] + d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0)  # (D, N)
         s = _dot(q, kt, IEEE) * (scale * 1.4426950408889634)
-        s = tl.where(col_ok[None, :], s, -float("inf"))
+        s = tl.where(col_ok[None, :] & (cols[None, :] < visible[:, None]), s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # rows that saw nothing yet: p = alpha = 0, not NaN
+        p = tl.exp2(s - m_ref[:, None])
+        alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=col_ok[:, None] & dmask[None, :], other=0.0)  # (N, D)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
@@ -119,10 +125,11 @@ def decode_split_kernel(
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, -float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     mask = row_ok[:, None] & dmask[None, :]
+    out_row = (b * tokens + t) * heads_q + h
     if splits == 1:
-        tl.store(OUT + (b * heads_q + h)[:, None] * head_dim + d[None, :], out.to(OUT.dtype.element_ty), mask=mask)
+        tl.store(OUT + out_row[:, None] * head_dim + d[None, :], out.to(OUT.dtype.element_ty), mask=mask)
     else:
-        row = (b * heads_q + h) * splits + split
+        row = out_row * splits + split
         tl.store(PARTIAL_O + row[:, None] * head_dim + d[None, :], out, mask=mask)
         tl.store(PARTIAL_LSE + row, lse, mask=row_ok)
 
@@ -133,7 +140,7 @@ def decode_combine_kernel(
     OUT,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
-    """Grid (B, Hq). OUT (B, Hq, D) compact: the splits' outputs weighted by 2^lse, BLOCK_S splits a load."""
+    """Grid (B * T, Hq). OUT (B, T, Hq, D) compact: the splits' outputs weighted by 2^lse, BLOCK_S splits a load."""
     head_dim = head_dim * UNIT
     row = tl.program_id(0).to(tl.int64) * heads_q + tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -164,8 +171,9 @@ def decode_combine_kernel(
 
 
 def config(head_dim: int, group: int, dtype: str, target: Target) -> tuple[int, int, int, int, int]:
-    """(BLOCK_G, BLOCK_N, BLOCK_D, num_warps, num_stages) of the split kernel. A group of more than 64 query heads
-    (32 in float32 or on wavefront-64 targets) takes several tiles (each reads its key/value head again).
+    """(BLOCK_G, BLOCK_N, BLOCK_D, num_warps, num_stages) of the split kernel for `group` rows (tokens x query heads
+    of a key/value head). More than 64 rows (32 in float32 or on wavefront-64 targets) take several tiles (each reads
+    its key/value head again).
     Wavefront-64 (AMD) targets: one pipelining stage (64 KiB of LDS), and within the register file (512 VGPRs a lane
     at most) smaller key blocks for the large tiles."""
     wave64 = target.warp_size == 64
@@ -181,7 +189,8 @@ def config(head_dim: int, group: int, dtype: str, target: Target) -> tuple[int, 
 
 def split_count(batch: int, heads_k: int, group: int, seqlen_k: int, head_dim: int, dtype: str, target: Target) -> int:
     """How many splits the sequences are cut into: enough programs for PROGRAMS_PER_SM per multiprocessor, at most
-    MAX_SPLITS, each split at least MIN_SPLIT_BLOCKS blocks of the capacity. A function of shapes only."""
+    MAX_SPLITS, each split at least MIN_SPLIT_BLOCKS blocks of the capacity. A function of shapes only; `group`: the
+    rows of a key/value head (tokens x query heads)."""
     block_g, block_n = config(head_dim, group, dtype, target)[:2]
     programs = batch * heads_k * cdiv(group, block_g)
     if programs == 0 or seqlen_k == 0:
@@ -196,12 +205,9 @@ def default_scale(head_dim: int) -> float:
 
 def check(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None) -> None:
     dtype = checks.check_float(NAME, "q", q)
-    if len(q.shape) == 4:
-        raise ValueError(f"{NAME}: q must be 3-D (batch, heads, head_dim): one new token per sequence (the "
-                         f"multi-token (batch, seqlen, heads, head_dim) form is not supported), got shape "
-                         f"{tuple(q.shape)}")  # fmt: skip
-    if len(q.shape) != 3:
-        raise ValueError(f"{NAME}: q must be 3-D (batch, heads, head_dim), got shape {tuple(q.shape)}")
+    if len(q.shape) not in (3, 4):
+        raise ValueError(f"{NAME}: q must be 3-D (batch, heads, head_dim) or 4-D (batch, tokens, heads, head_dim), "
+                         f"got shape {tuple(q.shape)}")  # fmt: skip
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         checks.check_array(NAME, name, t)
         if len(t.shape) != 4:
@@ -210,7 +216,7 @@ def check(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=No
     checks.check_same_dtype(NAME, "k_cache", k_cache, dtype, "that of q")
     checks.check_same_dtype(NAME, "v_cache", v_cache, dtype, "that of q")
     checks.check_same_dtype(NAME, "cache_seqlens", cache_seqlens, "int32", "the tokens in each sequence's cache")
-    batch, heads_q, head_dim = q.shape
+    batch, heads_q, head_dim = q.shape[0], q.shape[-2], q.shape[-1]
     checks.check_shape(NAME, "cache_seqlens", cache_seqlens, (batch,), "q's batch")
     blocks, slots, heads_k, _ = k_cache.shape
     if block_table is not None:
@@ -239,43 +245,48 @@ def options(q, softmax_scale) -> float:
     return default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
 
 
+def tokens_of(q) -> int:
+    """New tokens a sequence: T of a (B, T, Hq, D) q, 1 of a (B, Hq, D) one."""
+    return q.shape[1] if len(q.shape) == 4 else 1
+
+
 def forward(
     batch: int, heads_q: int, heads_k: int, head_dim: int, seqlen_k: int, *, dtype: str, scale: float | None,
     target: Target, page_size: int | None = None, strides_q=None, strides_k=None, strides_v=None,
-    stride_bt: int | None = None, num_splits: int | None = None,
+    stride_bt: int | None = None, num_splits: int | None = None, tokens: int = 1,
 ) -> Plan:  # fmt: skip
-    """Inputs q (B, Hq, D), k_cache / v_cache (contiguous (B, seqlen_k, Hk, D), or paged (num_blocks, page_size,
-    Hk, D) with seqlen_k = max_pages * page_size), cache_seqlens (B,) int32, and block_table (B, max_pages) int32
-    when paged; unit head-dim strides, the others given ((batch, head) for q, (batch or page, position, head) for
-    the caches, the row stride of block_table; None = compact). Output out (B, Hq, D) compact. `num_splits` None:
-    the heuristic's (the tests force others)."""
+    """Inputs q (B, T, Hq, D) (T = tokens), k_cache / v_cache (contiguous (B, seqlen_k, Hk, D), or paged (num_blocks,
+    page_size, Hk, D) with seqlen_k = max_pages * page_size), cache_seqlens (B,) int32, and block_table (B,
+    max_pages) int32 when paged; unit head-dim strides, the others given ((batch, token, head) for q, (batch or page,
+    position, head) for the caches, the row stride of block_table; None = compact). Output out (B, T, Hq, D)
+    compact. `num_splits` None: the heuristic's (the tests force others)."""
     paged = page_size is not None
     inputs = {"q": dtype, "k_cache": dtype, "v_cache": dtype, "cache_seqlens": "int32"}
     if paged:
         inputs["block_table"] = "int32"
-    empty = batch * heads_q * head_dim == 0 or seqlen_k == 0  # nothing to attend to: out is 0
-    buffers = {"out": BufferSpec((batch, heads_q, head_dim), dtype, zeroed=empty)}
+    empty = batch * tokens * heads_q * head_dim == 0 or seqlen_k == 0  # nothing to attend to: out is 0
+    buffers = {"out": BufferSpec((batch, tokens, heads_q, head_dim), dtype, zeroed=empty)}
     if empty:
         return Plan(inputs, buffers, (), ("out",))
-    group = heads_q // heads_k
-    block_g, block_n, block_d, warps, stages = config(head_dim, group, dtype, target)
-    splits = num_splits or split_count(batch, heads_k, group, seqlen_k, head_dim, dtype, target)
-    sq = tuple(strides_q) if strides_q is not None else (heads_q * head_dim, head_dim)
-    rows = page_size if paged else seqlen_k  # positions per page (paged) or per sequence
-    compact = (rows * heads_k * head_dim, heads_k * head_dim, head_dim)
+    rows = tokens * (heads_q // heads_k)  # of a key/value head
+    block_g, block_n, block_d, warps, stages = config(head_dim, rows, dtype, target)
+    splits = num_splits or split_count(batch, heads_k, rows, seqlen_k, head_dim, dtype, target)
+    sq = tuple(strides_q) if strides_q is not None else (tokens * heads_q * head_dim, heads_q * head_dim, head_dim)
+    positions = page_size if paged else seqlen_k  # per page (paged) or per sequence
+    compact = (positions * heads_k * head_dim, heads_k * head_dim, head_dim)
     sk = tuple(strides_k) if strides_k is not None else compact
     sv = tuple(strides_v) if strides_v is not None else compact
     stride_bt = (seqlen_k // page_size if stride_bt is None else stride_bt) if paged else 0
     # IEEE dots for float32 (no TF32), and for bfloat16 in Triton's interpreter, whose tl.dot multiplies bfloat16
     # tiles as their raw 16-bit patterns (triton 3.9): upcast there (exact products, fp32 sums as on the GPU)
     ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())
-    reads = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table" if paged else None, heads_q, heads_k, head_dim,
-             seqlen_k, page_size if paged else seqlen_k, stride_bt, *sq, *sk, *sv,
+    reads = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table" if paged else None, tokens, heads_q, heads_k,
+             head_dim, seqlen_k, page_size if paged else seqlen_k, stride_bt, *sq, *sk, *sv,
              default_scale(head_dim) if scale is None else float(scale))  # fmt: skip
     writes = (None, None, "out") if splits == 1 else ("partial_o", "partial_lse", None)
     split = Launch(
         decode_split_kernel,
-        (batch, heads_k * cdiv(group, block_g), splits),
+        (batch, heads_k * cdiv(rows, block_g), splits),
         reads,
         writes,
         dict(BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, PAGED=paged, IEEE=ieee),
@@ -284,10 +295,11 @@ def forward(
     )
     launches = (in_units(split, *UNIT_ARGS, units=UNITS),)
     if splits > 1:
-        buffers |= {"partial_o": BufferSpec((batch, heads_q, splits, head_dim), "float32"),
-                    "partial_lse": BufferSpec((batch, heads_q, splits), "float32")}  # fmt: skip
-        combine = Launch(decode_combine_kernel, (batch, heads_q), ("partial_o", "partial_lse", heads_q, head_dim,
-                         splits), ("out",), dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_d), num_warps=2)  # fmt: skip
+        buffers |= {"partial_o": BufferSpec((batch, tokens, heads_q, splits, head_dim), "float32"),
+                    "partial_lse": BufferSpec((batch, tokens, heads_q, splits), "float32")}  # fmt: skip
+        combine = Launch(decode_combine_kernel, (batch * tokens, heads_q), ("partial_o", "partial_lse", heads_q,
+                         head_dim, splits), ("out",), dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_d),
+                         num_warps=2)  # fmt: skip
         launches += (in_units(combine, "head_dim", units=UNITS),)
     return Plan(inputs, buffers, launches, ("out",))
 
@@ -305,22 +317,24 @@ def gather(cache: np.ndarray, b: int, length: int, block_table=None) -> np.ndarr
 
 
 def reference(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
-    batch, heads_q, head_dim = q.shape
+    tokens = tokens_of(q)
+    q4 = q.reshape(q.shape[0], tokens, *q.shape[-2:])
+    batch, _, heads_q, head_dim = q4.shape
     heads_k = k_cache.shape[2]
     scale = default_scale(head_dim) if softmax_scale is None else softmax_scale
-    out = np.zeros((batch, heads_q, head_dim))
+    out = np.zeros(q4.shape)
     capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-    for b in range(batch):
-        length = int(np.clip(cache_seqlens[b], 0, capacity))
-        if length == 0 or heads_q == 0:
+    for b, t in np.ndindex(batch, tokens):
+        length = int(np.clip(cache_seqlens[b], 0, capacity)) - (tokens - 1 - t)  # causal among the new tokens
+        if length <= 0 or heads_q == 0:
             continue
         group = heads_q // heads_k
         k = np.repeat(gather(k_cache, b, length, block_table).astype(np.float64), group, axis=1)  # (L, Hq, D)
         v = np.repeat(gather(v_cache, b, length, block_table).astype(np.float64), group, axis=1)
-        s = np.einsum("hd,lhd->hl", q[b].astype(np.float64), k) * scale
+        s = np.einsum("hd,lhd->hl", q4[b, t].astype(np.float64), k) * scale
         p = np.exp(s - s.max(axis=1, keepdims=True))
-        out[b] = np.einsum("hl,lhd->hd", p / p.sum(axis=1, keepdims=True), v)
-    return (out,)
+        out[b, t] = np.einsum("hl,lhd->hd", p / p.sum(axis=1, keepdims=True), v)
+    return (out.reshape(q.shape),)
 
 
 def reference_vjp(kwargs, cotangents):
@@ -330,24 +344,25 @@ def reference_vjp(kwargs, cotangents):
 def cost(kwargs) -> tuple[Cost, Cost]:
     """flops: 4 Hq D per attended position (two products); bytes: q, the attended K / V rows, out. No backward."""
     q, k = kwargs["q"], kwargs["k_cache"]
-    _, heads_q, head_dim = q.shape
+    heads_q, head_dim = q.shape[-2:]
     capacity = k.shape[1] * (kwargs["block_table"].shape[1] if kwargs.get("block_table") is not None else 1)
     positions = int(np.clip(kwargs["cache_seqlens"], 0, capacity).sum())
     item = ITEMSIZE[str(q.dtype)]
     kv_bytes = 2 * positions * k.shape[2] * head_dim * item
-    return Cost(2 * q.size * item + kv_bytes + 4 * q.shape[0], 4 * positions * heads_q * head_dim), Cost(0, 0)
+    flops = 4 * positions * tokens_of(q) * heads_q * head_dim
+    return Cost(2 * q.size * item + kv_bytes + 4 * q.shape[0], flops), Cost(0, 0)
 
 
 LONG_CONTEXT = 256  # a capacity taken from the drawn shape as it is (benchmarks: every sequence full); else drawn
 
 
-def sample(rng: np.random.Generator, shape, dtype: str, paged=False, gqa=1, page_size=None) -> dict:
+def sample(rng: np.random.Generator, shape, dtype: str, paged=False, gqa=1, page_size=None, tokens=1) -> dict:
     """q (B, Hk * gqa, D), caches of capacity C, from a drawn shape (..., n): C = shape[1] if it is 0 or >=
     LONG_CONTEXT (a benchmark's shape: every sequence full, B = shape[0] and Hk = shape[2] as they are), else drawn
     in [1, 160], B = shape[0] at most 4 (1 without leading dims) and Hk = shape[2] (as it is from 16 on, else at
     most 4; 2 if absent); D = n up to 64 (or 128 / 256), else 16, 32 or 64. Lengths drawn among 0, 1,
     page_size +- 1, page_size, C and uniform ones. Paged: page_size drawn from 1, 7, 16, 32 (unless given), the pool
-    holds the B * max_pages pages (and 3 more) in a shuffled order."""
+    holds the B * max_pages pages (and 3 more) in a shuffled order. tokens > 1: q (B, tokens, Hq, D)."""
     lead, n = tuple(shape[:-1]), shape[-1]
     given = len(lead) > 1 and (lead[1] == 0 or lead[1] >= LONG_CONTEXT)
     batch = (lead[0] if given else min(lead[0], 4)) if lead else 1
@@ -363,7 +378,8 @@ def sample(rng: np.random.Generator, shape, dtype: str, paged=False, gqa=1, page
     else:
         choices = np.array([0, 1, page - 1, page, page + 1, capacity, *rng.integers(0, capacity + 1, 3)])
         lengths = np.clip(rng.choice(choices, batch), 0, capacity)
-    kwargs = {"q": round_to(rng.standard_normal((batch, heads_k * gqa, head_dim)), dtype)}
+    q_shape = (batch, heads_k * gqa, head_dim) if tokens == 1 else (batch, tokens, heads_k * gqa, head_dim)
+    kwargs = {"q": round_to(rng.standard_normal(q_shape), dtype)}
     if paged:
         blocks = batch * max_pages + 3
         kwargs["k_cache"], kwargs["v_cache"] = (round_to(rng.standard_normal((blocks, page, heads_k, head_dim)), dtype)
@@ -381,14 +397,14 @@ def bad_inputs(kwargs) -> list[BadInput]:
     q, k, v, lengths = kwargs["q"], kwargs["k_cache"], kwargs["v_cache"], kwargs["cache_seqlens"]
     table = np.zeros((q.shape[0], 2), np.int32)
     return [
-        BadInput({"q": q[:, None]}, ValueError, "decode_attention: q must be 3-D .* multi-token .* not supported"),
-        BadInput({"q": q[0]}, ValueError, "decode_attention: q must be 3-D"),
+        BadInput({"q": q[(0,) * (q.ndim - 2)]}, ValueError, "decode_attention: q must be 3-D .* or 4-D"),
+        BadInput({"q": q[..., None, None]}, ValueError, "decode_attention: q must be 3-D .* or 4-D"),
         BadInput({"q": q.astype(np.int32)}, TypeError, "decode_attention: q must have dtype"),
         BadInput({"k_cache": k.astype(np.float16)}, TypeError, "decode_attention: k_cache must have dtype"),
         BadInput({"k_cache": k[0]}, ValueError, "decode_attention: k_cache must be 4-D"),
         BadInput({"v_cache": v[:, :-1]}, ValueError, "decode_attention: v_cache must have shape"),
         BadInput({"k_cache": k[..., :-1], "v_cache": v[..., :-1]}, ValueError, "decode_attention: k_cache must have"),
-        BadInput({"q": np.concatenate([q, q[:, :1]], axis=1)}, ValueError, "decode_attention: q's heads must be"),
+        BadInput({"q": np.concatenate([q, q[..., :1, :]], axis=-2)}, ValueError, "decode_attention: q's heads must be"),
         BadInput({"cache_seqlens": lengths.astype(np.float32)}, TypeError,
                  "decode_attention: cache_seqlens must have dtype int32"),
         BadInput({"cache_seqlens": lengths[:-1]}, ValueError, "decode_attention: cache_seqlens must have shape"),
@@ -410,13 +426,14 @@ def plans(target: Target):
                 yield forward(2, 8, 2, head_dim, 256, dtype=dtype, scale=None, target=target, page_size=page_size)
         for group in (32, 64):
             yield forward(2, group, 1, 128, 256, dtype=dtype, scale=None, target=target)
+        yield forward(2, 8, 2, 128, 256, dtype=dtype, scale=None, target=target, page_size=16, tokens=4)
 
 
 INFO = register(
     OpInfo(
         name=NAME,
         sample=sample,
-        options={"paged": (True, False), "gqa": (3, 4, 1)},
+        options={"paged": (True, False), "gqa": (3, 4, 1), "tokens": (3, 1)},
         reference=reference,
         reference_vjp=reference_vjp,
         grad_args=(),

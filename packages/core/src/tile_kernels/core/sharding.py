@@ -116,14 +116,15 @@ def _decode_attention(kwargs) -> Split:
     """Contiguous caches: batch, and heads when q and the caches have as many (as flash_attention). Paged caches: the
     page pool (n pages) is shared by the whole batch (any row's block table may point anywhere in it), so the batch
     stays whole; heads split when q and the pool have as many, else nothing does."""
-    mha = kwargs["q"].shape[1] == kwargs["k_cache"].shape[2]
+    q = "b s h d" if len(kwargs["q"].shape) == 4 else "b h d"  # s: the new tokens, whole (causal among them)
+    mha = kwargs["q"].shape[-2] == kwargs["k_cache"].shape[2]
     heads = "h d" if mha else "g d"
-    args = {"q": "b h d", "cache_seqlens": "b"}
+    args = {"q": q, "cache_seqlens": "b"}
     if kwargs.get("block_table") is not None:
         args |= {"k_cache": f"n t {heads}", "v_cache": f"n t {heads}", "block_table": "b m"}
-        return Split(args, ("b h d",), split=("h",) if mha else ())
+        return Split(args, (q,), split=("h",) if mha else ())
     args |= {"k_cache": f"b t {heads}", "v_cache": f"b t {heads}"}
-    return Split(args, ("b h d",), split=("b", "h") if mha else ("b",))
+    return Split(args, (q,), split=("b", "h") if mha else ("b",))
 
 
 def _loss(kwargs, args: dict) -> Split:

@@ -23,10 +23,11 @@ def _fold(a: jax.Array) -> jax.Array:
 
 
 @functools.cache
-def _call(scale: float, paged: bool, heads_q: int, heads_k: int):
-    def call(q, k, v, seqlens, *table):  # a leading problem axis on each
+def _call(scale: float, paged: bool, q_ndim: int, heads_q: int, heads_k: int):
+    def call(q, k, v, seqlens, *table):  # a leading problem axis on each; q (P, B, [T,] Hq, D)
         kind = mode(core.NAME)
-        problems, batch, heads_q, head_dim = q.shape  # the local pieces' heads where heads are split
+        problems, batch, heads_q, head_dim = q.shape[0], q.shape[1], q.shape[-2], q.shape[-1]  # local pieces' heads
+        tokens = q.shape[2] if q.ndim == 5 else 1
         pages, slots, heads_k = k.shape[1], k.shape[2], k.shape[3]
         inputs = [_fold(q), _fold(k), _fold(v), _fold(seqlens)]
         if paged:  # problem i's pages follow the pages of the problems before it in the stacked pool
@@ -34,16 +35,19 @@ def _call(scale: float, paged: bool, heads_q: int, heads_k: int):
             inputs.append(_fold(table[0] + offsets))
         capacity = slots * (table[0].shape[2] if paged else 1)
         plan = core.forward(problems * batch, heads_q, heads_k, head_dim, capacity, dtype=dtype_name(q.dtype),
-                            scale=scale, target=target(kind), page_size=slots if paged else None)  # fmt: skip
+                            scale=scale, target=target(kind), page_size=slots if paged else None,
+                            tokens=tokens)  # fmt: skip
         (out,) = run_plan(plan, kind, *inputs)
         return [out.reshape(q.shape)]
 
-    shapes = {"q": SimpleNamespace(shape=(0, heads_q, 0)), "k_cache": SimpleNamespace(shape=(0, 0, heads_k, 0)),
+    q_shape = (0, heads_q, 0) if q_ndim == 3 else (0, 0, heads_q, 0)
+    shapes = {"q": SimpleNamespace(shape=q_shape), "k_cache": SimpleNamespace(shape=(0, 0, heads_k, 0)),
               "block_table": SimpleNamespace(shape=(0, 0)) if paged else None}  # fmt: skip
-    rule = sharding.rule(core.NAME, shapes)  # reads only the head counts and whether the cache is paged
+    rule = sharding.rule(core.NAME, shapes)  # reads only q's rank, the head counts and whether the cache is paged
     names = ["q", "k_cache", "v_cache", "cache_seqlens"] + (["block_table"] if paged else [])
     ins = [f"p {rule.args[name]}" for name in names]
-    return problem_batched(row_local(core.NAME, call, ins, ["p b h d"], list(rule.split)), (False,) * len(names))
+    outs = [f"p {rule.outputs[0]}"]
+    return problem_batched(row_local(core.NAME, call, ins, outs, list(rule.split)), (False,) * len(names))
 
 
 @jit_when_eager("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
@@ -51,13 +55,14 @@ def decode_attention(
     q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, cache_seqlens: jax.Array,
     block_table: jax.Array | None = None, softmax_scale: float | None = None,
 ) -> jax.Array:  # fmt: skip
-    """Attention of one new token per sequence, q (B, Hq, D), over the first cache_seqlens[b] (int32 (B,)) positions
-    of its KV cache: contiguous k_cache / v_cache (B, Smax, Hk, D), or paged (num_blocks, page_size, Hk, D) with
-    block_table (B, max_pages) int32 (position p in page block_table[b, p // page_size], slot p % page_size);
-    Hq % Hk == 0; softmax_scale defaults to 1 / sqrt(D). Returns (B, Hq, D) in q's dtype; 0 for a sequence of length
-    0. Not differentiable. The multi-token (B, Sq, Hq, D) form is not supported (a ValueError)."""
+    """Attention of new tokens, q (B, Hq, D) (one a sequence) or (B, T, Hq, D) (T a sequence, causal among them: token
+    t sees cache_seqlens[b] - (T - 1 - t) positions), over the first cache_seqlens[b] (int32 (B,)) positions of each
+    sequence's KV cache, their own K / V already written: contiguous k_cache / v_cache (B, Smax, Hk, D), or paged
+    (num_blocks, page_size, Hk, D) with block_table (B, max_pages) int32 (position p in page block_table[b, p //
+    page_size], slot p % page_size); Hq % Hk == 0; softmax_scale defaults to 1 / sqrt(D). Returns q's shape and
+    dtype; 0 for a token that sees no position. Not differentiable."""
     core.check(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale)
     paged = block_table is not None
-    call = _call(core.options(q, softmax_scale), paged, q.shape[1], k_cache.shape[2])
+    call = _call(core.options(q, softmax_scale), paged, q.ndim, q.shape[-2], k_cache.shape[2])
     arrays = (q, k_cache, v_cache, cache_seqlens) + ((block_table,) if paged else ())
     return call(*(a[None] for a in arrays))[0][0]

@@ -165,12 +165,9 @@ def _register_decode_attention(ops) -> None:
     shared by the batch, so there only heads split."""
 
     def fwd(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale):
-        mha = q.shape[1] == k_cache.shape[2]
-        paged = block_table is not None
-        kv = ("n t " if paged else "b t ") + ("h d" if mha else "g d")
-        split = ("h",) if mha else ()
-        ins = ["b h d", kv, kv, "b", "b m" if paged else None, None]
-        return ins, ["b h d"], split if paged else ("b",) + split
+        rule = sharding.rule("decode_attention", {"q": q, "k_cache": k_cache, "block_table": block_table})
+        ins = [rule.args[n] for n in ("q", "k_cache", "v_cache", "cache_seqlens")]
+        return ins + [rule.args.get("block_table"), None], list(rule.outputs), rule.split
 
     row_local(ops.decode_attention_fwd.default, fwd)
 

@@ -20,11 +20,13 @@ def _fwd(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: torch.Tensor | None, softmax_scale: float,
 ) -> torch.Tensor:  # fmt: skip
-    """Returns out (B, Hq, D) in q's dtype."""
+    """Returns out shaped as q ((B, Hq, D) or (B, T, Hq, D)) in q's dtype."""
     q, k, v = _unit_last(q), _unit_last(k_cache), _unit_last(v_cache)
-    batch, heads_q, head_dim = q.shape
+    tokens = core.tokens_of(q)
+    q4 = q if q.dim() == 4 else q.unsqueeze(1)
+    batch, _, heads_q, head_dim = q4.shape
     _, slots, heads_k, _ = k.shape
-    inputs = [q, k, v, cache_seqlens.contiguous()]
+    inputs = [q4, k, v, cache_seqlens.contiguous()]
     paged = dict(page_size=None)
     if block_table is not None:
         block_table = _unit_last(block_table)
@@ -32,9 +34,10 @@ def _fwd(
         inputs.append(block_table)
     capacity = slots * (block_table.shape[1] if block_table is not None else 1)
     run = executor(core.forward, batch, heads_q, heads_k, head_dim, capacity, dtype=dtype_name(q.dtype),
-                   scale=softmax_scale, target=target(q.device), strides_q=tuple(q.stride()[:2]),
-                   strides_k=tuple(k.stride()[:3]), strides_v=tuple(v.stride()[:3]), **paged)  # fmt: skip
-    return run(*inputs, device=q.device)[0]
+                   scale=softmax_scale, target=target(q.device), strides_q=tuple(q4.stride()[:3]),
+                   strides_k=tuple(k.stride()[:3]), strides_v=tuple(v.stride()[:3]), tokens=tokens,
+                   **paged)  # fmt: skip
+    return run(*inputs, device=q.device)[0].view(q.shape)
 
 
 decode_attention_fwd = eager_op("decode_attention_fwd", _fwd)
@@ -44,11 +47,12 @@ def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: torch.Tensor | None = None, softmax_scale: float | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Attention of one new token per sequence, q (B, Hq, D), over the first cache_seqlens[b] (int32 (B,)) positions
-    of its KV cache: contiguous k_cache / v_cache (B, Smax, Hk, D), or paged (num_blocks, page_size, Hk, D) with
-    block_table (B, max_pages) int32 (position p in page block_table[b, p // page_size], slot p % page_size);
-    Hq % Hk == 0; softmax_scale defaults to 1 / sqrt(D). Returns (B, Hq, D) in q's dtype; 0 for a sequence of length
-    0. Not differentiable. The multi-token (B, Sq, Hq, D) form is not supported (a ValueError)."""
+    """Attention of new tokens, q (B, Hq, D) (one a sequence) or (B, T, Hq, D) (T a sequence, causal among them: token
+    t sees cache_seqlens[b] - (T - 1 - t) positions), over the first cache_seqlens[b] (int32 (B,)) positions of each
+    sequence's KV cache, their own K / V already written: contiguous k_cache / v_cache (B, Smax, Hk, D), or paged
+    (num_blocks, page_size, Hk, D) with block_table (B, max_pages) int32 (position p in page block_table[b, p //
+    page_size], slot p % page_size); Hq % Hk == 0; softmax_scale defaults to 1 / sqrt(D). Returns q's shape and
+    dtype; 0 for a token that sees no position. Not differentiable."""
     core.check(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale)
     check_device(core.NAME, q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
                  block_table=block_table)  # fmt: skip
