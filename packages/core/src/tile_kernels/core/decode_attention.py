@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from . import checks
+from .flash_attention import dot
 from .host import interpreting
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
@@ -50,14 +51,6 @@ PROGRAMS_PER_SM = 4  # split programs the heuristic aims for per multiprocessor
 UNIT_ARGS = ("head_dim", "stride_qb", "stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
              "stride_vs", "stride_vh")  # fmt: skip
 UNITS = (16, 8)
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    """a @ b with fp32 accumulation; IEEE: float32 operands (upcast if needed) at full precision, no TF32."""
-    if IEEE:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b)
 
 
 @triton.jit
@@ -111,7 +104,7 @@ def decode_split_kernel(
         else:
             k_rows, v_rows = cols.to(tl.int64) * stride_ks, cols.to(tl.int64) * stride_vs
         kt = tl.load(k_base + k_rows[None, :] + d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0)  # (D, N)
-        s = _dot(q, kt, IEEE) * (scale * 1.4426950408889634)
+        s = dot(q, kt, IEEE) * (scale * 1.4426950408889634)
         s = tl.where(col_ok[None, :] & (cols[None, :] < visible[:, None]), s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # rows that saw nothing yet: p = alpha = 0, not NaN
@@ -119,7 +112,7 @@ def decode_split_kernel(
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=col_ok[:, None] & dmask[None, :], other=0.0)  # (N, D)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
     empty = l_i == 0.0  # an empty split: output 0, lse -inf (weight 0 in the combine)
     out = acc / tl.where(empty, 1.0, l_i)[:, None]

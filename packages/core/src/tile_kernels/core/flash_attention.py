@@ -93,7 +93,7 @@ def _store(ptrs, value, mask_a, mask_b, USE_B: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
+def dot(a, b, IEEE: tl.constexpr):
     """a @ b with fp32 accumulation; IEEE: float32 operands (upcast if needed) at full precision, no TF32."""
     if IEEE:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
@@ -128,7 +128,7 @@ def _fwd_blocks(
         kt = _load(
             k_base + cols[None, :] * stride_ks + d[:, None], col_ok[None, :], dmask[:, None], MASKED, not EVEN_D
         )  # (D, N)
-        s, _ = _scores(_dot(q, kt, IEEE), scale, softcap, SOFTCAP)
+        s, _ = _scores(dot(q, kt, IEEE), scale, softcap, SOFTCAP)
         if MASKED:
             s = tl.where(_visible(rows[:, None], cols[None, :], seqlen_k, shift, left, right), s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -139,7 +139,7 @@ def _fwd_blocks(
         v = _load(
             v_base + cols[:, None] * stride_vs + d[None, :], col_ok[:, None], dmask[None, :], MASKED, not EVEN_D
         )  # (N, D)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -323,16 +323,16 @@ def _dkdv_blocks(
         else:
             lse = tl.load(lse_base + rows)
             delta = tl.load(delta_base + rows)
-        st, t = _scores(_dot(k, qt, IEEE), scale, softcap, SOFTCAP)  # (N, M)
+        st, t = _scores(dot(k, qt, IEEE), scale, softcap, SOFTCAP)  # (N, M)
         pt = tl.exp2(st - lse[None, :])
         if MASKED:
             pt = tl.where(_visible(rows[None, :], cols[:, None], seqlen_k, shift, left, right), pt, 0.0)
-        dv += _dot(pt.to(do.dtype), do, IEEE)
-        dpt = _dot(v, tl.trans(do), IEEE)
+        dv += dot(pt.to(do.dtype), do, IEEE)
+        dpt = dot(v, tl.trans(do), IEEE)
         dst = pt * (dpt - delta[None, :])
         if SOFTCAP:
             dst = dst * (1.0 - t * t)
-        dk += _dot(dst.to(qt.dtype), tl.trans(qt), IEEE)
+        dk += dot(dst.to(qt.dtype), tl.trans(qt), IEEE)
     return dk, dv
 
 
@@ -418,15 +418,15 @@ def _dq_blocks(
             k_base + cols[None, :] * stride_ks + d[:, None], col_ok[None, :], dmask[:, None], MASKED, not EVEN_D
         )  # (D, N)
         vt = _load(v_base + cols[None, :] * stride_vs + d[:, None], col_ok[None, :], dmask[:, None], MASKED, not EVEN_D)
-        s, t = _scores(_dot(q, kt, IEEE), scale, softcap, SOFTCAP)
+        s, t = _scores(dot(q, kt, IEEE), scale, softcap, SOFTCAP)
         p = tl.exp2(s - lse[:, None])
         if MASKED:
             p = tl.where(_visible(rows[:, None], cols[None, :], seqlen_k, shift, left, right), p, 0.0)
-        dp = _dot(do, vt, IEEE)
+        dp = dot(do, vt, IEEE)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
-        dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
+        dq += dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
     return dq
 
 
