@@ -99,10 +99,18 @@ def autograd_rows(x, w, ct) -> None:
         "Function: kernel fwd, torch bwd": lambda: torch.autograd.grad(_KernelForward.apply(xg, wg), [xg, wg], ct),
         "Function: torch fwd, kernel bwd": lambda: torch.autograd.grad(_KernelBackward.apply(xg, wg), [xg, wg], ct),
     }
+    import sys
+    import threading
+
+    print("python threads:", [t.name for t in threading.enumerate()], "switch interval", sys.getswitchinterval())
     for threads in (True, False):
         with torch.autograd.set_multithreading_enabled(threads):
             for name, fn in rows.items():
                 print(f"{name:34s} {wall_us(fn):8.1f} us  (autograd threads {'on' if threads else 'off'})", flush=True)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    print(f"{'tk.rms_norm fwd+bwd, switch 10 us':34s} {wall_us(step):8.1f} us", flush=True)
+    sys.setswitchinterval(interval)
     del fwd
     with torch.autograd.set_multithreading_enabled(False):
         profiler = cProfile.Profile()
@@ -114,14 +122,37 @@ def autograd_rows(x, w, ct) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
 
 
+def spin(us: float) -> None:
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+def wake_rows(x, ct) -> None:
+    """Is autograd's device thread slow to wake? A forward + backward of x*2 (native and as a Python Function) after
+    the calling thread has busied itself for S us, with autograd's device threads on and off: the time beyond S."""
+    xg = x.clone().requires_grad_()
+    for s in (0, 25, 50, 100, 200, 400, 800):
+        cells = []
+        for threads in (True, False):
+            with torch.autograd.set_multithreading_enabled(threads):
+                for name, fn in (("native", lambda: xg * 2), ("Function", lambda: _Double.apply(xg))):
+                    us = wall_us(lambda s=s, fn=fn: (spin(s), torch.autograd.grad(fn(), [xg], ct)), calls=300) - s
+                    cells.append(f"{name} threads {'on ' if threads else 'off'} {us:7.1f}")
+        print(f"spin {s:4d} us: " + " | ".join(cells), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="directory for the profiler trace (eager_step_trace.json)")
+    p.add_argument("--wake", action="store_true", help="only the device-thread wake-up rows")
     args = p.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(4, 256, device=dev, dtype=torch.bfloat16)
     w = torch.randn(256, device=dev, dtype=torch.bfloat16)
     xg, wg, ct = x.clone().requires_grad_(), w.clone().requires_grad_(), torch.randn_like(x)
+    if args.wake:
+        return wake_rows(x, ct)
     run = _runtime.executor(
         norms.forward, 1, 4, 256, is_rms=True, x_dtype="bfloat16", weight_dtype="bfloat16", has_residual=False,
         has_bias=False, eps=1e-6, target=_runtime.target(dev), stride_x=256, stride_residual=None,

@@ -1,8 +1,8 @@
 """End-to-end training step of a randomly initialised Hugging Face transformers Llama, as a user runs it: stock
 (SDPA attention), patched with tile_kernels.torch.apply_to, and patched with Liger-Kernel's
-apply_liger_kernel_to_llama; eager and (--compile) torch.compile of the model. A step = forward with labels (the loss),
-backward, zero_grad (no optimizer: it costs every variant the same). Reports ms a step, tokens/s, peak memory, and
-each variant's speed relative to stock and to Liger in the same run; writes train_step.json / .md under --out.
+apply_liger_kernel_to_llama; eager and (--mode compile) torch.compile of the model. A step = forward with labels (the
+loss), backward, zero_grad (no optimizer: it costs every variant the same). Reports ms a step, tokens/s, peak memory,
+and each variant's speed relative to stock and to Liger in the same run; writes train_step.json / .md under --out.
 
     python benchmarks/train_step.py --shape llama-1b --shape llama-8b-4layers --out benchmarks/results/h200
     python benchmarks/train_step.py --tiny --device cpu      # the plumbing, on a CPU (TRITON_INTERPRET=1)
@@ -116,7 +116,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", action="append", choices=sorted(SHAPES), help="default llama-1b")
     p.add_argument("--variant", action="append", choices=VARIANTS, help="default all")
-    p.add_argument("--compile", action="store_true", help="also time torch.compile(model) of each variant")
+    p.add_argument("--mode", action="append", choices=("eager", "compile"),
+                   help="eager model calls, torch.compile(model), or both (repeat); default eager")  # fmt: skip
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="the tiny shape, float32 (a CPU check of the plumbing)")
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
             "command": "python benchmarks/train_step.py " + " ".join(sys.argv[1:])}  # fmt: skip
     rows = []
     for shape in shapes:
-        for mode in ("eager", "compile") if args.compile else ("eager",):
+        for mode in args.mode or ["eager"]:
             for variant in variants:
                 row = {"shape": shape, "mode": mode, "variant": variant}
                 try:
