@@ -1,7 +1,7 @@
 """What XLA runs for tile-kernels' JAX ops under jit, beside the same math in jnp: for rms_norm (with a residual) and
-softmax at 16384x4096 bf16, the forward, the backward (a vjp with a random cotangent) and the step (forward +
-backward in one jit): wall time of back-to-back jitted calls, and the ops of each compiled HLO module (custom calls,
-fusions, copies), which show launches and copies the kernels do not need.
+softmax at 16384x4096 bf16, the forward, the backward (a vjp with a random cotangent), the step (forward + backward in
+one jit, returning both) and the gradients alone: wall time of back-to-back jitted calls, and the ops of each compiled
+HLO module (custom calls, fusions, copies), which show launches and copies the kernels do not need.
 
     python benchmarks/jax_profile.py            # on a GPU machine
 """
@@ -58,14 +58,19 @@ def rows(name, fn, args, cts):
     def bwd(vjp_fn, c):
         return vjp_fn(c)
 
-    def step(a, c):
+    def step(a, c):  # outputs and gradients, as a model consumes both
+        outs, vjp_fn = jax.vjp(fn, *a)
+        return outs, vjp_fn(c)
+
+    def grads_only(a, c):  # what XLA may shrink: the forward's outputs are dead, only the gradients leave
         return jax.vjp(fn, *a)[1](c)
 
     jf = jax.jit(fwd)
     _, vjp_fn = jax.vjp(fn, *args)
     jb = jax.jit(bwd)
-    js = jax.jit(step)
-    for label, jitted, call_args in (("fwd", jf, args), ("bwd", jb, (vjp_fn, cts)), ("step", js, (args, cts))):
+    js, jg = jax.jit(step), jax.jit(grads_only)
+    cases = (("fwd", jf, args), ("bwd", jb, (vjp_fn, cts)), ("step", js, (args, cts)), ("grad", jg, (args, cts)))
+    for label, jitted, call_args in cases:
         ms = wall_ms(jitted, *call_args)
         ops = hlo_ops(jitted.lower(*call_args).compile())
         print(f"{name:24s} {label:4s} {ms * 1e3:8.1f} us  {ops}", flush=True)

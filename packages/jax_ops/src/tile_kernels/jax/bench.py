@@ -232,8 +232,12 @@ class Provider:
             outs, vjp_fn = jax.vjp(lambda d: call(d, rest), diff)
             cts = tuple(jax.random.normal(jax.random.key(i), o.shape, o.dtype) for i, o in enumerate(outs))
             bwd_ms = _time_ms(jax.jit(lambda f, c: f(c)), vjp_fn, cts)
-            step = jax.jit(lambda d, r, c: jax.vjp(lambda d: call(d, r), d)[1](c))
-            step_ms = _time_ms(step, diff, rest, cts)
+
+            def value_and_grad(d, r, c):  # the outputs too, as a model consumes them: XLA drops unused writes
+                outs, vjp_fn = jax.vjp(lambda d: call(d, r), d)
+                return outs, vjp_fn(c)
+
+            step_ms = _time_ms(jax.jit(value_and_grad), diff, rest, cts)
         except Exception as e:  # e.g. a peer without a VJP: its forward still counts
             return Timing(name, fwd_ms, None, note=f"backward: {type(e).__name__}: {e}".splitlines()[0],
                           eager_fwd_ms=fwd_ms)  # fmt: skip

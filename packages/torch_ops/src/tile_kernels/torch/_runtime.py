@@ -128,12 +128,17 @@ def target(device: torch.device) -> Target:
     return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def as_rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
-    """A (rows, n) view of t with unit column stride (copying only when no such view exists), and its row stride."""
-    rows = t.reshape(math.prod(t.shape[:-1]), n)
-    if n > 1 and rows.stride(1) != 1:
-        rows = rows.contiguous()
-    return rows, rows.stride(0) if rows.shape[0] > 1 else n
+def as_rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int, int]:
+    """(t', rows, row stride): t' holds t's elements as rows of n at one row stride with unit column stride, as the
+    kernels address them: t itself when contiguous (the kernels see only its pointer), else a (rows, n) view, or a
+    copy when no such view exists."""
+    rows = math.prod(t.shape[:-1])
+    if t.is_contiguous():
+        return t, rows, n
+    t2 = t.reshape(rows, n)
+    if n > 1 and t2.stride(1) != 1:
+        t2 = t2.contiguous()
+    return t2, rows, t2.stride(0) if rows > 1 else n
 
 
 @functools.lru_cache(maxsize=4096)
@@ -157,12 +162,19 @@ class Executor:
     def __init__(self, plan: Plan):
         self.plan = plan
         slots = {name: i for i, name in enumerate((*plan.inputs, *plan.buffers))}
-        self.buffers = [(spec.shape, getattr(torch, spec.dtype), spec.zeroed) for spec in plan.buffers.values()]
+        self.buffers = [(n, s.shape, getattr(torch, s.dtype), s.zeroed) for n, s in plan.buffers.items()]
         self.steps = [_GemmStep(s, slots) if isinstance(s, Gemm) else _LaunchStep(s, slots) for s in plan.launches]
         self.outputs = [slots[name] for name in plan.outputs]
 
-    def __call__(self, *inputs: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
-        tensors = [*inputs, *(allocate(shape, dtype, zeroed, device) for shape, dtype, zeroed in self.buffers)]
+    def __call__(self, *inputs: torch.Tensor, device: torch.device, shapes=None) -> tuple[torch.Tensor, ...]:
+        """Runs the plan on `inputs` (tensors whose pointers the kernels read: any shape with the plan's layout).
+        shapes: {buffer name: shape} to allocate buffers in (the caller's shapes, the same elements), the plan's
+        shapes otherwise."""
+        if shapes is None:
+            buffers = [allocate(shape, dtype, zeroed, device) for _, shape, dtype, zeroed in self.buffers]
+        else:
+            buffers = [allocate(shapes.get(n, s), dtype, zeroed, device) for n, s, dtype, zeroed in self.buffers]
+        tensors = [*inputs, *buffers]
         if type(inputs[0]) in _PLAIN:  # real tensors (an op's body traced by torch.compile sees fake ones)
             for step in self.steps:
                 step.run(tensors, device)
@@ -194,9 +206,10 @@ def _get(tensors, slot):
 
 class _LaunchStep:
     """One Triton launch. On a GPU the compiled kernel is called through its bound launcher (what
-    `JITFunction.run` ends in, without re-binding and re-specializing the arguments on every call): bound per device
-    and per 16-byte alignment of the pointer arguments, the one property of a call's tensors that Triton specializes
-    on and a cached plan does not fix (their dtypes, the ints and the constexprs are the plan's)."""
+    `JITFunction.run` ends in, without re-binding and re-specializing the arguments on every call): bound per device,
+    for calls whose pointers are all 16-byte aligned. Pointer alignment is the one property of a call's tensors that
+    Triton specializes on and a cached plan does not fix (their dtypes, the ints and the constexprs are the plan's);
+    a call with a misaligned pointer goes through Triton's own launch, which specializes per pointer."""
 
     def __init__(self, launch, slots):
         self.launch = launch
@@ -228,11 +241,15 @@ class _LaunchStep:
         if index != torch.cuda.current_device():  # Triton compiles, loads and launches on the current device
             with torch.cuda.device(index):
                 return self.run(tensors, device)
-        key = (index, *(args[i].data_ptr() & 15 == 0 for i in self.tensor_args))
+        misaligned = 0
+        for i in self.tensor_args:
+            misaligned |= args[i].data_ptr()
+        key = (index, misaligned & 15 == 0)  # every pointer 16-byte aligned (the common case), or not all
         bound = self.bound.get(key)
-        if bound is None or _profiled():  # first call (compiles or loads), or a profiler's hooks
-            compiled = kernel[self.grid](*args, **self.options)
-            self.bound[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+        if bound is None or not key[1] or _profiled():  # first call (compiles), misaligned pointers, a profiler
+            compiled = kernel[self.grid](*args, **self.options)  # Triton specializes on each pointer's alignment
+            if key[1]:
+                self.bound[key] = (compiled.run, compiled.function, compiled.packed_metadata)
             return
         run, function, metadata = bound
         run(*self.grid, _stream(index), function, metadata, None, None, None, *args, *self.constexprs)

@@ -21,11 +21,12 @@ def _fwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (loss, lse, count): loss () or (N,) in logits' dtype; lse (N,) and count (1,) fp32 for the backward."""
     rows, classes = logits.shape
-    logits2, stride = as_rows(logits, classes)
+    logits2, _, stride = as_rows(logits, classes)
     settings = _settings(logits, target, ignore_index, reduction, label_smoothing)
     run = executor(core.forward, 1, rows, classes, stride_row=stride, **settings)
-    loss, lse, count = run(logits2, target.contiguous(), device=logits.device)
-    return loss.view(() if reduction != "none" else (rows,)), lse.view(rows), count
+    shapes = {"loss": () if reduction != "none" else (rows,), "lse": (rows,)}
+    loss, lse, count = run(logits2, target.contiguous(), device=logits.device, shapes=shapes)
+    return loss, lse, count
 
 
 def _bwd(
@@ -33,11 +34,11 @@ def _bwd(
     ignore_index: int, reduction: str, label_smoothing: float,
 ) -> torch.Tensor:  # fmt: skip
     rows, classes = logits.shape
-    logits2, stride = as_rows(logits, classes)
+    logits2, _, stride = as_rows(logits, classes)
     settings = _settings(logits, target, ignore_index, reduction, label_smoothing)
     run = executor(core.backward, 1, rows, classes, stride_row=stride, **settings)
     inputs = (logits2, target.contiguous(), lse, dloss.contiguous(), count)
-    return run(*inputs, device=logits.device)[0].view(rows, classes)
+    return run(*inputs, device=logits.device, shapes={"dlogits": (rows, classes)})[0]
 
 
 def _setup_context(ctx, inputs, output):

@@ -25,37 +25,36 @@ NO_TENSOR = (0,)  # shape of the placeholder returned for an absent output (h wi
 
 def _forward(x, weight, bias, residual, eps, is_rms):
     """(y, h or placeholder, mean or None, rstd)."""
-    n = x.shape[-1]
+    n, lead = x.shape[-1], x.shape[:-1]
     weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()  # the kernels read unit strides
-    x2, stride_x = as_rows(x, n)
-    r2, stride_r = as_rows(residual, n) if residual is not None else (None, None)
+    x2, rows, stride_x = as_rows(x, n)
+    r2, _, stride_r = as_rows(residual, n) if residual is not None else (None, None, None)
     run = executor(
-        norms.forward, 1, x2.shape[0], n, is_rms=is_rms, x_dtype=dtype_name(x.dtype),
-        weight_dtype=dtype_name(weight.dtype), has_residual=residual is not None, has_bias=bias is not None, eps=eps,
-        target=target(x.device), stride_x=stride_x, stride_residual=stride_r,
+        norms.forward, 1, rows, n, is_rms=is_rms, x_dtype=dtype_name(x.dtype), weight_dtype=dtype_name(weight.dtype),
+        has_residual=residual is not None, has_bias=bias is not None, eps=eps, target=target(x.device),
+        stride_x=stride_x, stride_residual=stride_r,
     )  # fmt: skip
-    outs = run(*(t for t in (x2, weight, bias, r2) if t is not None), device=x.device)
-    lead = x.shape[:-1]
-    h = outs[1].view(x.shape) if residual is not None else x.new_empty(NO_TENSOR)
-    return outs[0].view(x.shape), h, None if is_rms else outs[-2].view(lead), outs[-1].view(lead)
+    inputs = (x2, weight) + ((bias,) if bias is not None else ()) + ((r2,) if residual is not None else ())
+    outs = run(*inputs, device=x.device, shapes={"y": x.shape, "h": x.shape, "mean": lead, "rstd": lead})
+    h = outs[1] if residual is not None else x.new_empty(NO_TENSOR)
+    return outs[0], h, None if is_rms else outs[-2], outs[-1]
 
 
 def _backward(dy, h, weight, mean, rstd, dh, has_bias, is_rms):
     """(dx, dweight, dbias or placeholder); dx is also the residual's gradient."""
     n = h.shape[-1]
     weight = weight.contiguous()
-    (dy2, stride_dy), (h2, stride_h) = as_rows(dy, n), as_rows(h, n)
-    dh2, stride_dh = as_rows(dh, n) if dh is not None else (None, None)
+    (dy2, _, stride_dy), (h2, rows, stride_h) = as_rows(dy, n), as_rows(h, n)
+    dh2, _, stride_dh = as_rows(dh, n) if dh is not None else (None, None, None)
     run = executor(
-        norms.backward, 1, h2.shape[0], n, is_rms=is_rms, x_dtype=dtype_name(h.dtype),
-        weight_dtype=dtype_name(weight.dtype), has_bias=has_bias, has_dh=dh is not None, target=target(h.device),
-        stride_dy=stride_dy, stride_h=stride_h, stride_dh=stride_dh,
+        norms.backward, 1, rows, n, is_rms=is_rms, x_dtype=dtype_name(h.dtype), weight_dtype=dtype_name(weight.dtype),
+        has_bias=has_bias, has_dh=dh is not None, target=target(h.device), stride_dy=stride_dy, stride_h=stride_h,
+        stride_dh=stride_dh,
     )  # fmt: skip
-    stats = (rstd.reshape(-1),) if is_rms else (mean.reshape(-1), rstd.reshape(-1))
+    stats = (rstd.contiguous(),) if is_rms else (mean.contiguous(), rstd.contiguous())  # the kernels' own, compact
     inputs = (dy2, h2, weight, *stats) + ((dh2,) if dh is not None else ())
-    grads = run(*inputs, device=h.device)
-    dbias = grads[2].view(n) if has_bias else weight.new_empty(NO_TENSOR)
-    return grads[0].view(h.shape), grads[1].view(n), dbias
+    grads = run(*inputs, device=h.device, shapes={"dx": h.shape, "dweight": (n,), "dbias": (n,)})
+    return grads[0], grads[1], grads[2] if has_bias else weight.new_empty(NO_TENSOR)
 
 
 # --------------------------------------------------------------------------------------------------------- rms_norm

@@ -12,15 +12,15 @@ from ._runtime import as_rows, check_device, eager_op, executor, register_public
 
 def _rotate(x, cos, sin, interleaved, conjugate):
     batch, seqlen, heads, head_dim = x.shape
-    x2, stride = as_rows(x, head_dim)
+    x2, rows, stride = as_rows(x, head_dim)
     per_sequence = cos.dim() == 3  # a table per sequence: a problem per sequence
     problems = batch if per_sequence else 1
     run = executor(
-        core.rotate, problems, x2.shape[0] // max(problems, 1), seqlen, heads, head_dim, dtype=dtype_name(x.dtype),
+        core.rotate, problems, rows // max(problems, 1), seqlen, heads, head_dim, dtype=dtype_name(x.dtype),
         table_dtype=dtype_name(cos.dtype), interleaved=interleaved, conjugate=conjugate, target=target(x.device),
         stride_x=stride, table_batched=per_sequence,
     )  # fmt: skip
-    return run(x2, cos.contiguous(), sin.contiguous(), device=x.device)[0].view(x.shape)
+    return run(x2, cos.contiguous(), sin.contiguous(), device=x.device, shapes={"y": x.shape})[0]
 
 
 def _fwd(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:

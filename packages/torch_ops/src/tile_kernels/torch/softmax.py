@@ -13,20 +13,19 @@ from ._runtime import as_rows, check_device, eager_op, executor, register_public
 def _fwd(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim."""
     n = x.shape[-1]
-    x2, stride_x = as_rows(x, n)
-    run = executor(core.forward, x2.shape[0], n, dtype=dtype_name(x.dtype), target=target(x.device), stride_x=stride_x)
-    return run(x2, device=x.device)[0].view(x.shape)
+    x2, rows, stride_x = as_rows(x, n)
+    run = executor(core.forward, rows, n, dtype=dtype_name(x.dtype), target=target(x.device), stride_x=stride_x)
+    return run(x2, device=x.device, shapes={"y": x.shape})[0]
 
 
 def _bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     n = y.shape[-1]
-    y2, stride_y = as_rows(y, n)
-    dy2, stride_dy = as_rows(dy, n)
+    (y2, rows, stride_y), (dy2, _, stride_dy) = as_rows(y, n), as_rows(dy, n)
     run = executor(
-        core.backward, y2.shape[0], n, dtype=dtype_name(y.dtype), target=target(y.device), stride_y=stride_y,
+        core.backward, rows, n, dtype=dtype_name(y.dtype), target=target(y.device), stride_y=stride_y,
         stride_dy=stride_dy,
     )  # fmt: skip
-    return run(y2, dy2, device=y.device)[0].view(y.shape)
+    return run(y2, dy2, device=y.device, shapes={"dx": y.shape})[0]
 
 
 def _setup_context(ctx, inputs, output):

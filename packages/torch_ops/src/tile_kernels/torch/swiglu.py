@@ -12,19 +12,18 @@ from ._runtime import as_rows, check_device, eager_op, executor, register_public
 
 def _fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     n = gate.shape[-1]
-    (g2, stride_g), (u2, stride_u) = as_rows(gate, n), as_rows(up, n)
-    run = executor(core.forward, g2.shape[0], n, dtype=dtype_name(gate.dtype), target=target(gate.device),
+    (g2, rows, stride_g), (u2, _, stride_u) = as_rows(gate, n), as_rows(up, n)
+    run = executor(core.forward, rows, n, dtype=dtype_name(gate.dtype), target=target(gate.device),
                    stride_gate=stride_g, stride_up=stride_u)  # fmt: skip
-    return run(g2, u2, device=gate.device)[0].view(gate.shape)
+    return run(g2, u2, device=gate.device, shapes={"y": gate.shape})[0]
 
 
 def _bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n = gate.shape[-1]
-    (dy2, stride_dy), (g2, stride_g), (u2, stride_u) = as_rows(dy, n), as_rows(gate, n), as_rows(up, n)
-    run = executor(core.backward, g2.shape[0], n, dtype=dtype_name(gate.dtype), target=target(gate.device),
+    (dy2, _, stride_dy), (g2, rows, stride_g), (u2, _, stride_u) = as_rows(dy, n), as_rows(gate, n), as_rows(up, n)
+    run = executor(core.backward, rows, n, dtype=dtype_name(gate.dtype), target=target(gate.device),
                    stride_dy=stride_dy, stride_gate=stride_g, stride_up=stride_u)  # fmt: skip
-    dgate, dup = run(dy2, g2, u2, device=gate.device)
-    return dgate.view(gate.shape), dup.view(gate.shape)
+    return run(dy2, g2, u2, device=gate.device, shapes={"dgate": gate.shape, "dup": gate.shape})
 
 
 def _setup_context(ctx, inputs, output):
