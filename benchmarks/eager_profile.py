@@ -142,10 +142,57 @@ def wake_rows(x, ct) -> None:
         print(f"spin {s:4d} us: " + " | ".join(cells), flush=True)
 
 
+def launch_rows(x, ct) -> None:
+    """Which part of a forward makes autograd's device-thread hand-off dear: x*2 as a Python Function whose forward
+    also runs (a) a torch kernel, (b) a Triton kernel through Triton's launch, (c) the same through its bound
+    launcher, (d) only reads the current device and stream; threads on and off."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def touch(ptr):
+        tl.store(ptr, tl.load(ptr) + 1.0)
+
+    scratch = torch.zeros(16, device=x.device)
+    compiled = touch[(1,)](scratch)
+    stream = _runtime._stream(x.device.index)
+
+    def bound():
+        compiled.run(1, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, scratch)
+
+    extras = {
+        "nothing": lambda: None,
+        "torch kernel (add_)": lambda: scratch.add_(1.0),
+        "triton kernel[grid]": lambda: touch[(1,)](scratch),
+        "triton bound launch": bound,
+        "current device + stream": lambda: (torch.cuda.current_device(), _runtime._stream(x.device.index)),
+    }
+    xg = x.clone().requires_grad_()
+    for name, extra in extras.items():
+
+        class Extra(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, a, extra=extra):
+                extra()
+                return a * 2
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 2
+
+        cells = []
+        for threads in (True, False):
+            with torch.autograd.set_multithreading_enabled(threads):
+                us = wall_us(lambda: torch.autograd.grad(Extra.apply(xg), [xg], ct), calls=500)
+                cells.append(f"threads {'on ' if threads else 'off'} {us:7.1f} us")
+        print(f"forward + {name:26s}: " + " | ".join(cells), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="directory for the profiler trace (eager_step_trace.json)")
     p.add_argument("--wake", action="store_true", help="only the device-thread wake-up rows")
+    p.add_argument("--launch", action="store_true", help="only the rows of what a forward launches")
     args = p.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(4, 256, device=dev, dtype=torch.bfloat16)
@@ -153,6 +200,8 @@ def main() -> None:
     xg, wg, ct = x.clone().requires_grad_(), w.clone().requires_grad_(), torch.randn_like(x)
     if args.wake:
         return wake_rows(x, ct)
+    if args.launch:
+        return launch_rows(x, ct)
     run = _runtime.executor(
         norms.forward, 1, 4, 256, is_rms=True, x_dtype="bfloat16", weight_dtype="bfloat16", has_residual=False,
         has_bias=False, eps=1e-6, target=_runtime.target(dev), stride_x=256, stride_residual=None,
