@@ -110,7 +110,7 @@ def bench(session):
     for module, dist in (("matplotlib", "matplotlib"), ("liger_kernel", "liger-kernel")):
         if not _has(session, module):
             session.install(dist)
-    session.run("python3", "-m", "tile_kernels.core.cli", "bench", *session.posargs, env=env)
+    session.run("python3", "-m", "tile_kernels.cli", "bench", *session.posargs, env=env)
 
 
 @nox.session

@@ -57,7 +57,7 @@ def test_every_registered_kernel_compiles_for(target):
     over the full matrix, each of the known ones still spills."""
     ops = [arg for op in sorted(set(REGISTRY) - SLOW_TO_COMPILE) for arg in ("--op", op)]
     sample = [] if FULL_MATRIX else ["--per-kernel", str(PER_KERNEL)]
-    run = _python("-m", "tile_kernels.core.cli", "aot", "--target", target, *ops, *sample, "--jobs", "1", "--quiet",
+    run = _python("-m", "tile_kernels.cli", "aot", "--target", target, *ops, *sample, "--jobs", "1", "--quiet",
                   "--report")  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"{target}: all compiled" in run.stdout
@@ -85,7 +85,7 @@ def test_per_kernel_keeps_every_kernel_first_and_last():
 
 
 def test_no_spills_fails_a_spilling_kernel_naming_it():
-    run = _python("-m", "tile_kernels.core.cli", "aot", "--target", "cuda:90", "--op", "apply_rotary", "--jobs", "1",
+    run = _python("-m", "tile_kernels.cli", "aot", "--target", "cuda:90", "--op", "apply_rotary", "--jobs", "1",
                   "--quiet", "--no-spills")  # fmt: skip
     assert run.returncode == 1, run.stdout + run.stderr
     assert re.search(r"FAILED cuda:90: apply_rotary/rotary_kernel\[BLOCK=2, .* spills \d+ bytes a thread", run.stderr)

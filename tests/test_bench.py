@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 
+from tile_kernels import cli
 from tile_kernels.core import REGISTRY, bench
 from tile_kernels.core.registry import Cost
 
@@ -91,7 +92,7 @@ def test_outputs_round_trip(tmp_path):
     # a partial re-run renders over the full one: its rows replace the same rows in place, the others stay
     rerun = [bench.Record("rms_norm", "8x512", "bfloat16", "fwd", "tile-kernels", 0.0009)]
     bench.write(str(tmp_path / "rerun"), bench.Meta("test", "2026-11-30", {}, ceilings, "bench --op rms_norm"), rerun)
-    bench.main(["--render", str(tmp_path / "results.json"), "--render", str(tmp_path / "rerun" / "results.json"),
+    cli.bench(["--render", str(tmp_path / "results.json"), "--render", str(tmp_path / "rerun" / "results.json"),
                 "--out", str(tmp_path / "merged")])  # fmt: skip
     meta3, recs3 = bench.load(str(tmp_path / "merged" / "results.json"))
     assert [(r.direction, r.impl) for r in recs3] == [(r.direction, r.impl) for r in recs]
@@ -101,7 +102,7 @@ def test_outputs_round_trip(tmp_path):
 
 @pytest.mark.skipif(not GPU, reason="needs a GPU")
 def test_small_sweep_runs_on_the_gpu(tmp_path):
-    assert bench.main(["--op", "rms_norm", "--width", "1024", "--elements", str(1 << 16), "--out", str(tmp_path)]) == 0
+    assert cli.bench(["--op", "rms_norm", "--width", "1024", "--elements", str(1 << 16), "--out", str(tmp_path)]) == 0
     with open(tmp_path / "results.json") as f:
         recs = json.load(f)["records"]
     ours = {(r["impl"], r["direction"]): r for r in recs if r["impl"].startswith("tile-kernels")}

@@ -1,31 +1,22 @@
-"""`tile-kernels bench`: every registered op, a shape sweep, forward and backward, against the ceilings and the peers
-measured in the same run.
+"""Benchmark records for `tile-kernels bench` (run by tile_kernels.cli): the cases, the timings, the tables and the
+plots, framework-neutral.
 
-The harness here is framework-neutral: it builds the cases (inputs drawn by each op's own `sample`, random, never
-zeros; every case holds >= 2^26 elements per large tensor, so each call streams well past the 50-60 MB L2 and the
-timer also flushes L2 between calls), turns times into GB/s and TFLOP/s from the op's cost metadata, and writes JSON,
-CSV, a markdown table and PNG plots. Framework providers (`tile_kernels.torch.bench`, `tile_kernels.jax.bench`) own
-the implementations (tile-kernels itself and its peers: torch eager, torch.compile, Liger, the jax.jit reference,
-Pallas ops) and their timers. A peer that lacks an op or fails is recorded with the reason, never dropped silently.
-
-    tile-kernels bench --out results/            # default sweep, bfloat16
-    tile-kernels bench --op rms_norm --dtype float32 --width 4096 --width 65536
-    tile-kernels bench --render results/results.json --out results/    # tables and plots again, no GPU
-    tile-kernels bench --megakernel --out results/    # the decode-step mega-kernel vs eager / CUDA graph / + PDL
-"""
+It builds the cases (inputs drawn by each op's own `sample`, random, never zeros; every case holds >= 2^26 elements
+per large tensor, so each call streams well past the 50-60 MB L2 and the timer also flushes L2 between calls), turns
+times into GB/s and TFLOP/s from the op's cost metadata, and writes JSON, CSV, a markdown table and PNG plots.
+Framework providers (`tile_kernels.torch.bench`, `tile_kernels.jax.bench`, above this layer) own the implementations
+(tile-kernels itself and its peers: torch eager, torch.compile, Liger, the jax.jit reference, Pallas ops) and their
+timers. A peer that lacks an op or fails is recorded with the reason, never dropped silently."""
 
 from __future__ import annotations
 
-import argparse
 import csv
-import datetime
 import functools
 import json
-import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -295,92 +286,3 @@ def plot(out_dir: str, recs: list[Record]) -> None:
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, f"{op}.png"), dpi=110)
         plt.close(fig)
-
-
-# ---------------------------------------------------------------------------------------------------------- run
-
-
-def _providers(frameworks) -> list:
-    found = []
-    for name in frameworks:
-        module = __import__(f"tile_kernels.{name}.bench", fromlist=["Provider"])
-        found.append(module.Provider())
-    return found
-
-
-def run(args, provider_factory: Callable = _providers) -> tuple[Meta, list[Record]]:
-    ops = args.op or sorted(REGISTRY)
-    unknown = sorted(set(ops) - set(REGISTRY))
-    if unknown:
-        raise SystemExit(f"bench: unknown op(s) {unknown}; registered: {sorted(REGISTRY)}")
-    providers = provider_factory(args.framework)
-    lead = providers[0]
-    ceilings = lead.ceilings()
-    versions = {}
-    for p in providers:
-        versions.update(p.versions())
-    command = "tile-kernels bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
-    meta = Meta(gpu=lead.device_name(), date=datetime.date.today().isoformat(), versions=versions, ceilings=ceilings,
-                command=command)  # fmt: skip
-    print(f"bench: {meta.gpu}; copy {ceilings.copy_gbs:.0f} GB/s, GEMM {ceilings.gemm_tflops:.0f} TFLOP/s",
-          file=sys.stderr, flush=True)  # fmt: skip
-    widths, dtypes = args.width or WIDTHS, args.dtype or ("bfloat16",)
-    total = sum(len(shapes(op, widths, args.elements)) * len(dtypes) for op in ops)
-    recs, started = [], time.perf_counter()
-    for i, case in enumerate(cases(ops, widths, dtypes, args.elements), 1):
-        timings = [t for p in providers for t in p.measure(case, args.impl)]
-        recs += records(case, timings, ceilings)
-        progress(i, total, started, summary_line(case, timings, ceilings))
-        if args.out:
-            write(args.out, meta, recs)  # after every case: a cut-short run keeps what it measured
-    return meta, recs
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tile-kernels bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--op", action="append", help="op to run (repeatable; default: every registered op)")
-    p.add_argument("--width", action="append", type=int, help=f"row width (repeatable; default {WIDTHS})")
-    p.add_argument("--dtype", action="append", choices=("bfloat16", "float16", "float32"), help="default bfloat16")
-    p.add_argument("--elements", type=int, default=ELEMENTS, help="elements per large tensor (default 2^26)")
-    p.add_argument("--framework", action="append", choices=("torch", "jax"), help="providers (default both)")
-    p.add_argument("--impl", action="append", help="only implementations whose name contains this (repeatable)")
-    p.add_argument("--out", help="directory for results.json/.csv/.md and <op>.png")
-    p.add_argument("--render", metavar="JSON", action="append",
-                   help="re-render the tables and plots of results.json files (repeatable, merged: a later "
-                   "file's row replaces an earlier one's of the same op, shape, dtype, direction, impl)")  # fmt: skip
-    p.add_argument("--megakernel", action="store_true",
-                   help="time the persistent decode-step kernel (tile_kernels.megakernel) against torch eager, CUDA "
-                   "graph and CUDA graph + PDL instead of the ops; writes megakernel.json/.md under --out")  # fmt: skip
-    p.add_argument("--shape", action="append", help="with --megakernel: llama-3.2-1b, llama-3-8b (default both)")
-    p.add_argument("--layers", type=int, help="with --megakernel: layers of each stack (default: the model's)")
-    return p
-
-
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    if args.megakernel:  # its own harness: whole decode steps, not registered ops
-        from tile_kernels.megakernel import bench as megakernel_bench
-
-        print(megakernel_bench.markdown(megakernel_bench.run(args.out, args.shape, args.layers)))
-        return 0
-    if args.render:
-        runs = [load(path) for path in args.render]
-        meta = runs[0][0]
-        meta.command = "; ".join(m.command for m, _ in runs)
-        meta.date = " and ".join(dict.fromkeys(m.date for m, _ in runs))
-        rows = {}  # a later file's row replaces an earlier one's in place (a partial re-run updates a table)
-        for _, more in runs:
-            rows |= {(r.op, r.shape, r.dtype, r.direction, r.impl): r for r in more}
-        recs = list(rows.values())
-        if args.out:
-            write(args.out, meta, recs)
-        print(markdown(meta, recs))
-        return 0
-    args.framework = args.framework or ["torch", "jax"]
-    if math.prod(args.width or [1]) <= 0 or args.elements <= 0:
-        raise SystemExit("bench: --width and --elements must be positive")
-    meta, recs = run(args)
-    print(markdown(meta, recs))
-    return 0
