@@ -23,7 +23,7 @@ SEQUENTIAL_VMAP = {"fused_linear_cross_entropy"}
 # ops whose sharded JAX checks deadlock in interpret mode on a CPU: the four host-device callbacks are entered before
 # their (gathered) operands are ready and block reading them, or a device's callback misses a collective's
 # rendezvous (JAX's CPU runtime, 4 host devices on 2 cores). GPUs run no host callback. Reported as skipped, not run.
-CALLBACKS_DEADLOCK_ON_CPU = {"decode_attention"}
+CALLBACKS_DEADLOCK_ON_CPU = {"decode_attention", "mla_decode"}
 SHAPES = {"apply_rotary": (4, 8, 4, 16), "cross_entropy": (16, 40), "fused_linear_cross_entropy": (16, 40)}
 SHAPE = (4, 8, 24)
 

@@ -49,7 +49,9 @@ def assert_close(what: str, out: np.ndarray, ref: np.ndarray, dtype: str) -> Non
     assert out.shape == ref.shape, f"{what}: shape {out.shape} != reference {ref.shape}"
     nan = np.isnan(ref)  # e.g. a mean over no rows: the output must be NaN exactly there
     assert np.array_equal(np.isnan(out), nan), f"{what}: NaN at {np.argwhere(np.isnan(out) != nan)[:4].tolist()}"
-    out, ref = out[~nan], ref[~nan]
+    inf = np.isinf(ref)  # e.g. the log-sum-exp of no position (-inf): the output must be the same infinity there
+    assert np.array_equal(out[inf], ref[inf]), f"{what}: not {ref[inf][:4]} at {np.argwhere(inf)[:4].tolist()}"
+    out, ref = out[~nan & ~inf], ref[~nan & ~inf]
     if ref.size == 0:
         return
     baseline = np.abs(round_to(ref, dtype).astype(np.float64) - ref).max()

@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     flash_attention,
     fused_linear_cross_entropy,
     layer_norm,
+    mla_decode,
     rms_norm,
     rotary,
     softmax,

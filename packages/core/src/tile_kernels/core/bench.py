@@ -36,6 +36,7 @@ OPTIONS = {
     "fused_linear_cross_entropy": {"reduction": "mean", "dim": 4096},
     "flash_attention": {"causal": False, "window": False, "gqa": 1, "cross": False, "softcap": False},
     "decode_attention": {"paged": False, "gqa": 4, "page_size": 64},
+    "mla_decode": {"paged": True, "page_size": 64},
 }
 # Variants of OPTIONS benchmarked as separate cases, named by a tag after the shape.
 VARIANTS = {
@@ -59,6 +60,8 @@ def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
         return [(4, max(64, elements // (1 << 13)), 32, 128)]
     if op == "decode_attention":  # (B, capacity, Hk, D), full caches: 64 sequences of 1K tokens, one of 64K
         return [(b, max(256, elements // (b * 1024)), 8, 128) for b in (64, 1)]
+    if op == "mla_decode":  # (B, capacity, H, Dc): DeepSeek-V3's 128 heads, 64 sequences of 1K tokens, one of 64K
+        return [(b, max(256, elements // (b * 1024)), 128, 512) for b in (64, 1)]
     return [(max(1, elements // w), w) for w in widths]
 
 

@@ -54,6 +54,46 @@ UNITS = (16, 8)
 
 
 @triton.jit
+def split_range(SEQLENS, b, seqlen_k, split, splits, BLOCK_N: tl.constexpr):
+    """(seqlen, start, end): sequence b's length clamped to [0, seqlen_k], and split `split` of `splits` of it,
+    positions [start, end), the splits cut in BLOCK_N multiples of the actual length (not of the capacity)."""
+    seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), seqlen_k)
+    chunk = tl.cdiv(tl.cdiv(seqlen, splits), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    return seqlen, start, tl.minimum(start + chunk, seqlen)
+
+
+@triton.jit
+def cache_rows(BLOCK_TABLE, b, stride_bt, cols, col_ok, page_size, stride_page, stride_pos, PAGED: tl.constexpr):
+    """Element offsets of positions `cols` of sequence b in a cache: through the block table when PAGED (page
+    stride_page apart), else stride_pos apart from the sequence's base."""
+    if PAGED:
+        page = tl.load(BLOCK_TABLE + b * stride_bt + cols // page_size, mask=col_ok, other=0).to(tl.int64)
+        return page * stride_page + (cols % page_size).to(tl.int64) * stride_pos
+    return cols.to(tl.int64) * stride_pos
+
+
+@triton.jit
+def online_softmax(s, m_i, l_i):
+    """One block of base-2 scores s (rows, N) into the running max m_i and sum l_i: (p, alpha, m, l), the
+    accumulator to be scaled by alpha and p's products added. Rows that saw nothing yet get p = alpha = 0, not NaN."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def finish(acc, m_i, l_i):
+    """(out, lse) of a split: acc / l and the base-2 log-sum-exp; an empty split gives 0 and -inf (weight 0 in the
+    combine)."""
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    return out, tl.where(empty, -float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+
+
+@triton.jit
 def decode_split_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, tokens, heads_q, heads_k, head_dim, seqlen_k, page_size, stride_bt,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale,
@@ -81,11 +121,8 @@ def decode_split_kernel(
     dmask = d < head_dim
     q = tl.load(Q + b * stride_qb + t[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None] & dmask[None, :], other=0.0)  # fmt: skip
-    seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), seqlen_k)
+    seqlen, start, end = split_range(SEQLENS, b, seqlen_k, split, splits, BLOCK_N)
     visible = seqlen - (tokens - 1 - t)  # a row's L_bt: causal among the new tokens
-    chunk = tl.cdiv(tl.cdiv(seqlen, splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = tl.minimum(start + chunk, seqlen)
     k_base = K + hk.to(tl.int64) * stride_kh
     v_base = V + hk.to(tl.int64) * stride_vh
     if not PAGED:
@@ -97,26 +134,15 @@ def decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):  # a row may see none of a block's positions: its m stays -inf
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < end
-        if PAGED:
-            page = tl.load(BLOCK_TABLE + b * stride_bt + cols // page_size, mask=col_ok, other=0).to(tl.int64)
-            slot = (cols % page_size).to(tl.int64)
-            k_rows, v_rows = page * stride_kb + slot * stride_ks, page * stride_vb + slot * stride_vs
-        else:
-            k_rows, v_rows = cols.to(tl.int64) * stride_ks, cols.to(tl.int64) * stride_vs
+        k_rows = cache_rows(BLOCK_TABLE, b, stride_bt, cols, col_ok, page_size, stride_kb, stride_ks, PAGED)
+        v_rows = cache_rows(BLOCK_TABLE, b, stride_bt, cols, col_ok, page_size, stride_vb, stride_vs, PAGED)
         kt = tl.load(k_base + k_rows[None, :] + d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0)  # (D, N)
         s = dot(q, kt, IEEE) * (scale * 1.4426950408889634)
         s = tl.where(col_ok[None, :] & (cols[None, :] < visible[:, None]), s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # rows that saw nothing yet: p = alpha = 0, not NaN
-        p = tl.exp2(s - m_ref[:, None])
-        alpha = tl.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i)
         v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=col_ok[:, None] & dmask[None, :], other=0.0)  # (N, D)
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
-        m_i = m_new
-    empty = l_i == 0.0  # an empty split: output 0, lse -inf (weight 0 in the combine)
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, -float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    out, lse = finish(acc, m_i, l_i)
     mask = row_ok[:, None] & dmask[None, :]
     out_row = (b * tokens + t) * heads_q + h
     if splits == 1:
@@ -130,10 +156,11 @@ def decode_split_kernel(
 @triton.jit
 def decode_combine_kernel(
     PARTIAL_O, PARTIAL_LSE, heads_q, head_dim, num_splits,
-    OUT,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, UNIT: tl.constexpr,
+    OUT, LSE,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, UNIT: tl.constexpr, HAS_LSE: tl.constexpr,
 ):  # fmt: skip
-    """Grid (B * T, Hq). OUT (B, T, Hq, D) compact: the splits' outputs weighted by 2^lse, BLOCK_S splits a load."""
+    """Grid (B * T, Hq). OUT (B, T, Hq, D) compact: the splits' outputs weighted by 2^lse, BLOCK_S splits a load.
+    HAS_LSE: also LSE (B, T, Hq) fp32, the log-sum-exp of the whole row in natural log (-inf: every split empty)."""
     head_dim = head_dim * UNIT
     row = tl.program_id(0).to(tl.int64) * heads_q + tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -157,6 +184,9 @@ def decode_combine_kernel(
     total_all = tl.sum(total, axis=0)
     out = acc / tl.where(total_all == 0.0, 1.0, total_all)
     tl.store(OUT + row * head_dim + d, out.to(OUT.dtype.element_ty), mask=dmask)
+    if HAS_LSE:
+        lse = tl.where(total_all == 0.0, -float("inf"), (m_all + tl.log2(tl.where(total_all == 0.0, 1.0, total_all))))
+        tl.store(LSE + row, lse * 0.6931471805599453)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -291,7 +321,7 @@ def forward(
         buffers |= {"partial_o": BufferSpec((batch, tokens, heads_q, splits, head_dim), "float32"),
                     "partial_lse": BufferSpec((batch, tokens, heads_q, splits), "float32")}  # fmt: skip
         combine = Launch(decode_combine_kernel, (batch * tokens, heads_q), ("partial_o", "partial_lse", heads_q,
-                         head_dim, splits), ("out",), dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_d),
+                         head_dim, splits), ("out", None), dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_d, HAS_LSE=False),
                          num_warps=2)  # fmt: skip
         launches += (in_units(combine, "head_dim", units=UNITS),)
     return Plan(inputs, buffers, launches, ("out",))

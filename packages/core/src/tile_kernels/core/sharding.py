@@ -127,6 +127,17 @@ def _decode_attention(kwargs) -> Split:
     return Split(args, (q,), split=("b", "h") if mha else ("b",))
 
 
+def _mla_decode(kwargs) -> Split:
+    """Heads freely (the latent cache is one row a position, shared by every head, so it stays whole on each device);
+    the batch with contiguous caches, not with a paged pool (shared by the batch, as decode_attention's)."""
+    args = {"q_nope": "b h c", "q_pe": "b h r", "cache_seqlens": "b"}
+    outputs = ("b h c", "b h") if kwargs.get("return_lse") else ("b h c",)
+    if kwargs.get("block_table") is not None:
+        args |= {"kv_c": "n t c", "k_pe": "n t r", "block_table": "b m"}
+        return Split(args, outputs, split=("h",))
+    return Split(args | {"kv_c": "b t c", "k_pe": "b t r"}, outputs, split=("b", "h"))
+
+
 def _loss(kwargs, args: dict) -> Split:
     reduction = kwargs.get("reduction", "mean")
     if reduction == "none":
@@ -151,6 +162,7 @@ RULES: dict[str, Callable[[Mapping[str, Any]], Split]] = {
     "apply_rotary": _rotary,
     "flash_attention": _flash_attention,
     "decode_attention": _decode_attention,
+    "mla_decode": _mla_decode,
     "cross_entropy": _cross_entropy,
     "fused_linear_cross_entropy": _fused_linear_cross_entropy,
 }

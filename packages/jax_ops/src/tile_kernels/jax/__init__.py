@@ -8,6 +8,7 @@ from .cross_entropy import cross_entropy
 from .decode_attention import decode_attention
 from .flash_attention import flash_attention
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
+from .mla_decode import mla_decode
 from .norms import layer_norm, rms_norm
 from .rotary import apply_rotary
 from .softmax import softmax
@@ -15,5 +16,5 @@ from .swiglu import swiglu
 
 __all__ = [
     "apply_rotary", "cross_entropy", "decode_attention", "flash_attention", "fused_linear_cross_entropy", "layer_norm",
-    "rms_norm", "softmax", "swiglu",
+    "mla_decode", "rms_norm", "softmax", "swiglu",
 ]  # fmt: skip

@@ -112,8 +112,25 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softm
     return jnp.einsum("bhs,bshd->bhd", p, v).astype(q.dtype)
 
 
+def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softmax_scale=None, return_lse=False):
+    """The latent caches gathered (through the block table when paged), scores of both parts masked past each
+    length, softmax in float32 (a sequence of length 0 gives 0 and lse -inf)."""
+    if block_table is not None:  # (B, max_pages * page_size, D)
+        kv_c, k_pe = (c[block_table].reshape((q_nope.shape[0], -1, c.shape[-1])) for c in (kv_c, k_pe))
+    scale = softmax_scale if softmax_scale is not None else (q_nope.shape[-1] + q_pe.shape[-1]) ** -0.5
+    kv = kv_c.astype(jnp.float32)
+    s = jnp.einsum("bhc,bsc->bhs", q_nope.astype(jnp.float32), kv)
+    s = (s + jnp.einsum("bhr,bsr->bhs", q_pe.astype(jnp.float32), k_pe.astype(jnp.float32))) * scale
+    seen = jnp.arange(kv.shape[1])[None, None, :] < cache_seqlens[:, None, None]
+    s = jnp.where(seen, s, -jnp.inf)
+    p = jnp.nan_to_num(jax.nn.softmax(s, axis=-1), nan=0.0)
+    out = jnp.einsum("bhs,bsc->bhc", p, kv).astype(q_nope.dtype)
+    return (out, jax.nn.logsumexp(s, axis=-1)) if return_lse else out
+
+
 REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
-                                     fused_linear_cross_entropy, flash_attention, decode_attention)}  # fmt: skip
+                                     fused_linear_cross_entropy, flash_attention, decode_attention,
+                                     mla_decode)}  # fmt: skip
 
 
 def _pallas(op: str):

@@ -14,6 +14,7 @@ from .fused_linear_cross_entropy import (
     fused_linear_cross_entropy_fwd,
     fused_linear_cross_entropy_scale_,
 )
+from .mla_decode import mla_decode, mla_decode_fwd
 from .models import apply_to
 from .norms import layer_norm, layer_norm_bwd, layer_norm_fwd, rms_norm, rms_norm_bwd, rms_norm_fwd
 from .rotary import apply_rotary, apply_rotary_bwd, apply_rotary_fwd
@@ -28,6 +29,7 @@ __all__ = [
     "flash_attention", "flash_attention_bwd", "flash_attention_fwd",
     "fused_linear_cross_entropy", "fused_linear_cross_entropy_bwd", "fused_linear_cross_entropy_fwd",
     "fused_linear_cross_entropy_scale_",
-    "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "nn", "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
+    "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "mla_decode", "mla_decode_fwd", "nn",
+    "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
     "softmax", "softmax_bwd", "softmax_fwd", "swiglu", "swiglu_bwd", "swiglu_fwd",
 ]  # fmt: skip

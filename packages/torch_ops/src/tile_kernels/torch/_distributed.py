@@ -138,6 +138,8 @@ def register_rules() -> None:
         _register_flash_attention(ops)
     if hasattr(ops, "decode_attention_fwd"):
         _register_decode_attention(ops)
+    if hasattr(ops, "mla_decode_fwd"):
+        _register_mla_decode(ops)
 
 
 def _register_flash_attention(ops) -> None:
@@ -170,6 +172,17 @@ def _register_decode_attention(ops) -> None:
         return ins + [rule.args.get("block_table"), None], list(rule.outputs), rule.split
 
     row_local(ops.decode_attention_fwd.default, fwd)
+
+
+def _register_mla_decode(ops) -> None:
+    """core.sharding's rule: heads, and the batch with contiguous caches; lse (B, H) follows q."""
+
+    def fwd(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table, softmax_scale):
+        rule = sharding.rule("mla_decode", {"block_table": block_table, "return_lse": True})
+        ins = [rule.args[n] for n in ("q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens")]
+        return ins + [rule.args.get("block_table"), None], list(rule.outputs), rule.split
+
+    row_local(ops.mla_decode_fwd.default, fwd)
 
 
 def _register_fused_linear_cross_entropy(ops) -> None:

@@ -141,6 +141,11 @@ def as_rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int, int]:
     return t2, rows, t2.stride(0) if rows > 1 else n
 
 
+def unit_last(t: torch.Tensor) -> torch.Tensor:
+    """t with unit last-dim stride (copied only if it has none): what kernels reading rows of any stride need."""
+    return t.contiguous() if t.shape[-1] > 1 and t.stride(-1) != 1 else t
+
+
 @functools.lru_cache(maxsize=4096)
 def _cached_executor(builder, *args, **kwargs) -> Executor:
     return Executor(builder(*args, **kwargs))

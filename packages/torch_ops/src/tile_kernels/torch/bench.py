@@ -103,8 +103,23 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softm
     return torch.einsum("bhs,bshd->bhd", p, v).to(q.dtype)
 
 
+def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softmax_scale=None, return_lse=False):
+    """The latent caches gathered (through the block table when paged), scores of both parts masked past each
+    length, softmax in float32 (a sequence of length 0 gives 0 and lse -inf)."""
+    if block_table is not None:  # (B, max_pages * page_size, D)
+        kv_c, k_pe = (c[block_table.long()].flatten(1, 2) for c in (kv_c, k_pe))
+    scale = softmax_scale if softmax_scale is not None else (q_nope.shape[-1] + q_pe.shape[-1]) ** -0.5
+    kv = kv_c.float()
+    s = torch.einsum("bhc,bsc->bhs", q_nope.float(), kv) + torch.einsum("bhr,bsr->bhs", q_pe.float(), k_pe.float())
+    seen = torch.arange(kv.shape[1], device=kv.device)[None, None, :] < cache_seqlens[:, None, None]
+    s = (s * scale).masked_fill(~seen, float("-inf"))
+    out = torch.einsum("bhs,bsc->bhc", torch.softmax(s, -1).nan_to_num(0.0), kv).to(q_nope.dtype)
+    return (out, torch.logsumexp(s, -1)) if return_lse else out
+
+
 EAGER = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
-                                  fused_linear_cross_entropy, flash_attention, decode_attention)}  # fmt: skip
+                                  fused_linear_cross_entropy, flash_attention, decode_attention,
+                                  mla_decode)}  # fmt: skip
 
 
 def _sdpa(backend: str):

@@ -8,12 +8,7 @@ import torch
 from tile_kernels.core import decode_attention as core
 from tile_kernels.core import dtype_name
 
-from ._runtime import check_device, eager_op, executor, register_public_op, target
-
-
-def _unit_last(t: torch.Tensor) -> torch.Tensor:
-    """t with unit last-dim stride (copied only if it has none)."""
-    return t.contiguous() if t.shape[-1] > 1 and t.stride(-1) != 1 else t
+from ._runtime import check_device, eager_op, executor, register_public_op, target, unit_last
 
 
 def _fwd(
@@ -21,7 +16,7 @@ def _fwd(
     block_table: torch.Tensor | None, softmax_scale: float,
 ) -> torch.Tensor:  # fmt: skip
     """Returns out shaped as q ((B, Hq, D) or (B, T, Hq, D)) in q's dtype."""
-    q, k, v = _unit_last(q), _unit_last(k_cache), _unit_last(v_cache)
+    q, k, v = unit_last(q), unit_last(k_cache), unit_last(v_cache)
     tokens = core.tokens_of(q)
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
     batch, _, heads_q, head_dim = q4.shape
@@ -29,7 +24,7 @@ def _fwd(
     inputs = [q4, k, v, cache_seqlens.contiguous()]
     paged = dict(page_size=None)
     if block_table is not None:
-        block_table = _unit_last(block_table)
+        block_table = unit_last(block_table)
         paged = dict(page_size=slots, stride_bt=block_table.stride(0))
         inputs.append(block_table)
     capacity = slots * (block_table.shape[1] if block_table is not None else 1)

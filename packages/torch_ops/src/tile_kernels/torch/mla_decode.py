@@ -1,0 +1,68 @@
+"""torch adapter of tile_kernels.core.mla_decode: op tile_kernels::mla_decode_fwd (inference: no autograd)."""
+
+from __future__ import annotations
+
+import torch
+
+from tile_kernels.core import dtype_name
+from tile_kernels.core import mla_decode as core
+
+from ._runtime import check_device, eager_op, executor, register_public_op, target, unit_last
+
+
+def _fwd(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor | None, softmax_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Returns out (B, H, Dc) in q's dtype and lse (B, H) float32 (natural log)."""
+    q_nope, q_pe, kv_c, k_pe = (unit_last(t) for t in (q_nope, q_pe, kv_c, k_pe))
+    batch, heads, latent_dim = q_nope.shape
+    slots = kv_c.shape[1]
+    inputs = [q_nope, q_pe, kv_c, k_pe, cache_seqlens.contiguous()]
+    paged = dict(page_size=None)
+    if block_table is not None:
+        block_table = unit_last(block_table)
+        paged = dict(page_size=slots, stride_bt=block_table.stride(0))
+        inputs.append(block_table)
+    capacity = slots * (block_table.shape[1] if block_table is not None else 1)
+    run = executor(
+        core.forward, batch, heads, latent_dim, q_pe.shape[2], capacity, dtype=dtype_name(q_nope.dtype),
+        scale=softmax_scale, target=target(q_nope.device), strides_q_nope=tuple(q_nope.stride()[:2]),
+        strides_q_pe=tuple(q_pe.stride()[:2]), strides_kv=tuple(kv_c.stride()[:2]),
+        strides_k_pe=tuple(k_pe.stride()[:2]), **paged,
+    )  # fmt: skip
+    out, lse = run(*inputs, device=q_nope.device)
+    return out, lse
+
+
+mla_decode_fwd = eager_op("mla_decode_fwd", _fwd)
+
+
+def mla_decode(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor | None = None, softmax_scale: float | None = None, return_lse: bool = False,
+):  # fmt: skip
+    """DeepSeek-V3 MLA decode with absorbed weights, one new token a sequence: q_nope (B, H, Dc) and q_pe (B, H, Dr)
+    over the first cache_seqlens[b] (int32 (B,)) positions of the latent cache kv_c and the rope keys k_pe,
+    contiguous (B, Smax, Dc) / (B, Smax, Dr) or paged (num_blocks, page_size, Dc) / (num_blocks, page_size, Dr)
+    with block_table (B, max_pages) int32. scores = (q_nope . kv_c + q_pe . k_pe) * softmax_scale (default
+    1 / sqrt(Dc + Dr)), out = softmax(scores) @ kv_c, (B, H, Dc) in q's dtype; with return_lse also the
+    log-sum-exp of the scores (B, H) float32, natural log (-inf for an empty sequence, whose output is 0).
+    Not differentiable."""
+    core.check(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table, softmax_scale, return_lse)
+    check_device(core.NAME, q_nope=q_nope, q_pe=q_pe, kv_c=kv_c, k_pe=k_pe, cache_seqlens=cache_seqlens,
+                 block_table=block_table)  # fmt: skip
+    out, lse = mla_decode_fwd(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table,
+                              core.options(q_nope, q_pe, softmax_scale))  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
+register_public_op(
+    "mla_decode(Tensor q_nope, Tensor q_pe, Tensor kv_c, Tensor k_pe, Tensor cache_seqlens, Tensor? block_table=None, "
+    "float? softmax_scale=None, bool return_lse=False) -> Tensor[]",
+    lambda *args, **kwargs: list(_as_tuple(mla_decode(*args, **kwargs))),
+)
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
