@@ -44,6 +44,18 @@ def check_same_dtype(op: str, name: str, array: Any, dtype: str, what: str) -> N
         raise TypeError(f"{op}: {name} must have dtype {dtype} ({what}), got {got}")
 
 
+def check_block_table(op: str, block_table: Any, batch: int, owner: str, cache_name: str, cache: Any, layout: str):
+    """A paged cache's block table: int32 (batch, max_pages), batch = that of `owner`; the cache (num_blocks,
+    page_size, ...) with a page size of at least 1 (`layout` names its dims in the message)."""
+    check_same_dtype(op, "block_table", block_table, "int32", "page indices")
+    if len(block_table.shape) != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"{op}: block_table must have shape (batch, max_pages) with batch {batch} ({owner}'s), got "
+                         f"{tuple(block_table.shape)}")  # fmt: skip
+    if cache.shape[1] == 0:
+        raise ValueError(f"{op}: a paged {cache_name} {layout} needs a page_size of at least 1, got shape "
+                         f"{tuple(cache.shape)}")  # fmt: skip
+
+
 def check_positive(op: str, name: str, value: Any) -> float:
     """A finite real number > 0, as a float."""
     number = check_real(op, name, value, "a finite number > 0")

@@ -243,13 +243,8 @@ def check(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=No
     checks.check_shape(NAME, "cache_seqlens", cache_seqlens, (batch,), "q's batch")
     blocks, slots, heads_k, _ = k_cache.shape
     if block_table is not None:
-        checks.check_same_dtype(NAME, "block_table", block_table, "int32", "page indices")
-        if len(block_table.shape) != 2 or block_table.shape[0] != batch:
-            raise ValueError(f"{NAME}: block_table must have shape (batch, max_pages) with batch {batch} (q's), got "
-                             f"{tuple(block_table.shape)}")  # fmt: skip
-        if slots == 0:
-            raise ValueError(f"{NAME}: a paged k_cache (num_blocks, page_size, heads, head_dim) needs a page_size of "
-                             f"at least 1, got shape {tuple(k_cache.shape)}")  # fmt: skip
+        layout = "(num_blocks, page_size, heads, head_dim)"
+        checks.check_block_table(NAME, block_table, batch, "q", "k_cache", k_cache, layout)
         checks.check_shape(NAME, "k_cache", k_cache, (blocks, slots, heads_k, head_dim), "q's head_dim")
     else:
         checks.check_shape(NAME, "k_cache", k_cache, (batch, slots, heads_k, head_dim), "q's batch and head_dim")

@@ -156,13 +156,7 @@ def check(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softmax_sca
     checks.check_shape(NAME, "cache_seqlens", cache_seqlens, (batch,), "q_nope's batch")
     blocks, slots, _ = kv_c.shape
     if block_table is not None:
-        checks.check_same_dtype(NAME, "block_table", block_table, "int32", "page indices")
-        if len(block_table.shape) != 2 or block_table.shape[0] != batch:
-            raise ValueError(f"{NAME}: block_table must have shape (batch, max_pages) with batch {batch} (q_nope's), "
-                             f"got {tuple(block_table.shape)}")  # fmt: skip
-        if slots == 0:
-            raise ValueError(f"{NAME}: a paged kv_c (num_blocks, page_size, dim) needs a page_size of at least 1, got "
-                             f"shape {tuple(kv_c.shape)}")  # fmt: skip
+        checks.check_block_table(NAME, block_table, batch, "q_nope", "kv_c", kv_c, "(num_blocks, page_size, dim)")
         checks.check_shape(NAME, "kv_c", kv_c, (blocks, slots, latent_dim), "q_nope's dim")
     else:
         checks.check_shape(NAME, "kv_c", kv_c, (batch, slots, latent_dim), "q_nope's batch and dim")
