@@ -116,7 +116,7 @@ def config(latent_dim: int, rope_dim: int, heads: int, dtype: str, target: Targe
     block_h = min(16 if fp32 or target.warp_size == 64 and wide else 32 if wide else 64,
                   max(16, next_power_of_2(heads)))  # fmt: skip
     block_n = 16 if fp32 or wide and target.warp_size == 64 else 32 if wide else 64
-    warps = 8 if wide or fp32 else 4
+    warps = 4 if target.warp_size == 64 else 8 if wide or fp32 else 4  # wave64: one wave a SIMD, 512 VGPRs a lane
     return block_h, block_n, block_c, block_r, warps, 1 if target.warp_size == 64 else 2
 
 
