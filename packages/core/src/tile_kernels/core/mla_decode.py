@@ -34,20 +34,25 @@ from .decode_attention import (
     MAX_SPLITS,
     MIN_SPLIT_BLOCKS,
     PROGRAMS_PER_SM,
+    UNITS,
     cache_rows,
     decode_combine_kernel,
     finish,
     online_softmax,
     split_range,
-)  # fmt: skip
+)
 from .flash_attention import dot
 from .host import interpreting
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, next_power_of_2
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
 NAME = "mla_decode"
 MAX_LATENT_DIM = 512
 MAX_ROPE_DIM = 64
+# the int arguments the split kernel builds addresses from, in units of 16 (or 8) elements where they all divide
+# (plan.in_units, as decode_attention's): its rows then load 16 bytes at a time under jax-triton too
+UNIT_ARGS = ("latent_dim", "rope_dim", "stride_qnb", "stride_qnh", "stride_qpb", "stride_qph", "stride_kvb",
+             "stride_kvs", "stride_kpb", "stride_kps")  # fmt: skip
 
 
 @triton.jit
@@ -56,12 +61,17 @@ def mla_split_kernel(
     stride_qnb, stride_qnh, stride_qpb, stride_qph, stride_kvb, stride_kvs, stride_kpb, stride_kps, scale,
     PARTIAL_O, PARTIAL_LSE, OUT, LSE,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, PAGED: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (B, cdiv(H, BLOCK_H), S). stride_kvb / stride_kpb: of the batch (contiguous) or of a page (PAGED).
     PARTIAL_O (B, H, S, Dc) and PARTIAL_LSE (B, H, S) fp32 (base-2 lse); with S = 1 OUT (B, H, Dc) in q's dtype and
     LSE (B, H) fp32 (natural log) instead."""
     scale = tl.cast(scale, tl.float32) * 1.4426950408889634  # base 2; torch.compile passes floats as fp64
+    latent_dim, rope_dim = latent_dim * UNIT, rope_dim * UNIT  # plan.in_units: UNIT_ARGS
+    stride_qnb, stride_qnh = stride_qnb * UNIT, stride_qnh * UNIT
+    stride_qpb, stride_qph = stride_qpb * UNIT, stride_qph * UNIT
+    stride_kvb, stride_kvs = stride_kvb * UNIT, stride_kvs * UNIT
+    stride_kpb, stride_kps = stride_kpb * UNIT, stride_kps * UNIT
     b = tl.program_id(0).to(tl.int64)
     split, splits = tl.program_id(2), tl.num_programs(2)
     h = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
@@ -208,14 +218,15 @@ def forward(
              default_scale(latent_dim, rope_dim) if scale is None else float(scale))  # fmt: skip
     writes = (None, None, "out", "lse") if splits == 1 else ("partial_o", "partial_lse", None, None)
     constexprs = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_R=block_r, PAGED=paged, IEEE=ieee)
-    launches = (Launch(mla_split_kernel, (batch, cdiv(heads, block_h), splits), reads, writes, constexprs, warps,
-                       stages),)  # fmt: skip
+    split = Launch(mla_split_kernel, (batch, cdiv(heads, block_h), splits), reads, writes, constexprs, warps, stages)
+    launches = (in_units(split, *UNIT_ARGS, units=UNITS),)
     if splits > 1:
         buffers |= {"partial_o": BufferSpec((batch, heads, splits, latent_dim), "float32"),
                     "partial_lse": BufferSpec((batch, heads, splits), "float32")}  # fmt: skip
-        launches += (Launch(decode_combine_kernel, (batch, heads), ("partial_o", "partial_lse", heads, latent_dim,
-                            splits), ("out", "lse"), dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_c, UNIT=1,
-                            HAS_LSE=True), num_warps=4),)  # fmt: skip
+        combine = Launch(decode_combine_kernel, (batch, heads), ("partial_o", "partial_lse", heads, latent_dim,
+                         splits), ("out", "lse"), dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_c, HAS_LSE=True),
+                         num_warps=4)  # fmt: skip
+        launches += (in_units(combine, "head_dim", units=UNITS),)
     return Plan(inputs, buffers, launches, ("out", "lse"))
 
 
