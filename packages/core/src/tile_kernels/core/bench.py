@@ -44,6 +44,9 @@ VARIANTS = {
     "decode_attention": {"": {}, " paged": {"paged": True}},
 }
 
+# decode ops' (batch, context) sweep at the default size: one sequence of 8K-128K tokens to 128 of 2K
+DECODE_SIZES = ((1, 8192), (1, 32768), (1, 131072), (8, 16384), (32, 8192), (128, 2048))
+
 # the note of a backward that a forward computes (fused_linear_cross_entropy): no time of its own
 FUSED_BACKWARD = "the forward computes the gradients (step = forward + scaling)."
 
@@ -51,17 +54,18 @@ FUSED_BACKWARD = "the forward computes the gradients (step = forward + scaling).
 def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
     """The shapes an op is benchmarked at: rows x width with rows x width = elements, except where the op's shape is
     not a row width (rotary: (B, S, H, head_dim) of Llama-like heads; the LM head's loss: (tokens, vocabulary) with
-    hidden size 4096, Llama-3's 128K vocabulary)."""
+    hidden size 4096, Llama-3's 128K vocabulary; the decode ops: (batch, context, heads, head dim), DECODE_SIZES)."""
     if op == "apply_rotary":
         return [(4, max(1, elements // (4 * 32 * d)), 32, d) for d in (64, 128)]
     if op == "fused_linear_cross_entropy":
         return [(max(1, elements // (1 << 13)), 128256)]  # 8192 tokens at the default size
     if op == "flash_attention":  # (B, S, H, D): 4 x 8192 tokens of 32 heads of 128 at the default size
         return [(4, max(64, elements // (1 << 13)), 32, 128)]
-    if op == "decode_attention":  # (B, capacity, Hk, D), full caches: 64 sequences of 1K tokens, one of 64K
-        return [(b, max(256, elements // (b * 1024)), 8, 128) for b in (64, 1)]
-    if op == "mla_decode":  # (B, capacity, H, Dc): DeepSeek-V3's 128 heads, 64 sequences of 1K tokens, one of 64K
-        return [(b, max(256, elements // (b * 1024)), 128, 512) for b in (64, 1)]
+    if op in ("decode_attention", "mla_decode"):  # (B, capacity, heads, head dim), every sequence full
+        scale = min(1.0, elements / ELEMENTS)  # a smaller --elements shrinks the batches and contexts alike
+        sizes = dict.fromkeys((max(1, round(b * scale)), max(256, round(s * scale))) for b, s in DECODE_SIZES)
+        heads, dim = (8, 128) if op == "decode_attention" else (128, 512)  # Llama-3-8B's KV heads; DeepSeek-V3's MLA
+        return [(b, s, heads, dim) for b, s in sizes]
     return [(max(1, elements // w), w) for w in widths]
 
 
