@@ -42,6 +42,7 @@ OPTIONS = {
 VARIANTS = {
     "flash_attention": {"": {}, " causal": {"causal": True}},
     "decode_attention": {"": {}, " paged": {"paged": True}},
+    "mla_decode": {" paged": {}, " contiguous": {"paged": False}},
 }
 
 # decode ops' (batch, context) sweep at the default size: one sequence of 8K-128K tokens to 128 of 2K
