@@ -55,7 +55,8 @@ def jnp_ops(attention: str | None):
     )  # fmt: skip
 
 
-def tile_kernels_ops():
+def tile_kernels_ops(attention: str | None = None):
+    """tile_kernels.jax's ops; attention "cudnn": jax.nn.dot_product_attention's cuDNN attention instead of ours."""
     import tile_kernels.jax as tkj
 
     def norm(x, w, residual=None):
@@ -63,13 +64,13 @@ def tile_kernels_ops():
             return tkj.rms_norm(x, w, EPS), x
         return tkj.rms_norm(x, w, EPS, residual=residual)
 
-    return dict(
-        norm=norm, rotary=tkj.apply_rotary, swiglu=tkj.swiglu, loss=tkj.fused_linear_cross_entropy,
-        attention=lambda q, k, v: tkj.flash_attention(q, k, v, causal=True),
-    )  # fmt: skip
+    ops = dict(norm=norm, rotary=tkj.apply_rotary, swiglu=tkj.swiglu, loss=tkj.fused_linear_cross_entropy,
+               attention=lambda q, k, v: tkj.flash_attention(q, k, v, causal=True))  # fmt: skip
+    return ops | ({"attention": jnp_ops(attention)["attention"]} if attention else {})
 
 
-VARIANTS = {"jnp": lambda: jnp_ops(None), "jnp+cudnn": lambda: jnp_ops("cudnn"), "tile-kernels": tile_kernels_ops}
+VARIANTS = {"jnp": lambda: jnp_ops(None), "jnp+cudnn": lambda: jnp_ops("cudnn"), "tile-kernels": tile_kernels_ops,
+            "tile-kernels+cudnn": lambda: tile_kernels_ops("cudnn")}  # fmt: skip
 
 
 def init(shape: str, dtype, seed: int = 0) -> dict:
@@ -153,8 +154,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "step), wall time per step over back-to-back steps after warm-up. jnp = plain JAX (XLA fusions, "
         "jax.nn.dot_product_attention with XLA's attention); jnp+cudnn = the same with cuDNN's attention; "
         "tile-kernels = tile_kernels.jax's rms_norm (residual fused), swiglu, apply_rotary, flash_attention and "
-        "fused_linear_cross_entropy. Peak = the device's peak bytes in use since the process started (a running "
-        "maximum over the variants run so far).",
+        "fused_linear_cross_entropy; tile-kernels+cudnn = the same with cuDNN's attention. Peak = the device's peak "
+        "bytes in use since the process started (a running maximum over the variants run so far).",
         "",
         f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}. Command: `{meta['command']}`.",
         "",
@@ -188,7 +189,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     shapes = ["tiny"] if args.tiny else args.shape or ["llama-1b"]
-    variants = args.variant or (["jnp", "tile-kernels"] if args.tiny else list(VARIANTS))
+    variants = args.variant or (["jnp", "tile-kernels"] if args.tiny else list(VARIANTS))  # cuDNN: GPUs only
     dtype = jnp.float32 if args.tiny else jnp.bfloat16
     versions = {}
     for dist in ("jax", "jaxlib", "jax-triton", "triton"):
