@@ -84,6 +84,29 @@ def measure(model, shape: str, device: str, steps: int, compiled: bool) -> dict:
             "warmup_loss": losses[0], "warmup_s": warmup_s}  # fmt: skip
 
 
+def run_meta(script: str, gpu: str, dists) -> dict:
+    """The run's GPU, date, versions of `dists` (those installed) and the command that reproduces it."""
+    versions = {}
+    for dist in dists:
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return {"gpu": gpu, "date": datetime.date.today().isoformat(), "versions": versions,
+            "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:])}  # fmt: skip
+
+
+def write(out_dir: str | None, name: str, meta: dict, rows: list[dict], text: str) -> None:
+    """<name>.json (meta and rows) and <name>.md (text) under out_dir, when given."""
+    if not out_dir:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+        f.write(text)
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [
         f"# Training step, {meta['gpu']}, {meta['date']}",
@@ -130,15 +153,8 @@ def main(argv=None) -> int:
     shapes = ["tiny"] if args.tiny else args.shape or ["llama-1b"]
     dtype = torch.float32 if args.tiny else torch.bfloat16
     variants = args.variant or list(VARIANTS)
-    versions = {}
-    for dist in ("torch", "triton", "transformers", "liger-kernel"):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
-    meta = {"gpu": gpu, "date": datetime.date.today().isoformat(), "versions": versions,
-            "command": "python benchmarks/train_step.py " + " ".join(sys.argv[1:])}  # fmt: skip
+    meta = run_meta("train_step.py", gpu, ("torch", "triton", "transformers", "liger-kernel"))
     rows = []
     for shape in shapes:
         for mode in args.mode or ["eager"]:
@@ -158,12 +174,7 @@ def main(argv=None) -> int:
                 print(json.dumps(row), file=sys.stderr, flush=True)
     text = markdown(meta, rows)
     print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "train_step.json"), "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-        with open(os.path.join(args.out, "train_step.md"), "w") as f:
-            f.write(text)
+    write(args.out, "train_step", meta, rows, text)
     return 0
 
 

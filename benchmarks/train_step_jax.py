@@ -12,19 +12,13 @@ memory, the speed relative to jnp in the same run; writes train_step_jax.json / 
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.metadata
 import json
 import os
 import sys
 import time
 
-# hidden, intermediate, layers, heads, kv heads, vocab, batch, seq (as benchmarks/train_step.py)
-SHAPES = {
-    "llama-1b": (2048, 8192, 16, 32, 8, 128256, 4, 2048),
-    "llama-8b-4layers": (4096, 14336, 4, 32, 8, 128256, 2, 4096),
-    "tiny": (64, 96, 2, 4, 2, 160, 2, 32),
-}
+from train_step import SHAPES, run_meta, write  # the torch script's model shapes (no torch import at module level)
+
 EPS = 1e-5
 
 
@@ -192,14 +186,7 @@ def main(argv=None) -> int:
     shapes = ["tiny"] if args.tiny else args.shape or ["llama-1b"]
     variants = args.variant or (["jnp", "tile-kernels"] if args.tiny else list(VARIANTS))  # cuDNN: GPUs only
     dtype = jnp.float32 if args.tiny else jnp.bfloat16
-    versions = {}
-    for dist in ("jax", "jaxlib", "jax-triton", "triton"):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    meta = {"gpu": jax.devices()[0].device_kind, "date": datetime.date.today().isoformat(), "versions": versions,
-            "command": "python benchmarks/train_step_jax.py " + " ".join(sys.argv[1:])}  # fmt: skip
+    meta = run_meta("train_step_jax.py", jax.devices()[0].device_kind, ("jax", "jaxlib", "jax-triton", "triton"))
     rows = []
     for shape in shapes:
         for variant in variants:
@@ -213,12 +200,7 @@ def main(argv=None) -> int:
             print(json.dumps(row), file=sys.stderr, flush=True)
     text = markdown(meta, rows)
     print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "train_step_jax.json"), "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-        with open(os.path.join(args.out, "train_step_jax.md"), "w") as f:
-            f.write(text)
+    write(args.out, "train_step_jax", meta, rows, text)
     return 0
 
 

@@ -242,7 +242,7 @@ needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="
 
 
 @needs_jax
-def test_jax_decoder_with_tile_kernels_ops_matches_jnp_loss_and_gradients():
+def test_jax_decoder_with_tile_kernels_ops_matches_jnp_loss_and_gradients(monkeypatch):
     """benchmarks/train_step_jax.py's decoder (tiny shape): tile_kernels.jax's ops against plain JAX under one jit of
     value_and_grad, loss and every parameter's gradient."""
     import functools
@@ -252,8 +252,9 @@ def test_jax_decoder_with_tile_kernels_ops_matches_jnp_loss_and_gradients():
     import jax.numpy as jnp
     import numpy as np
 
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "train_step_jax.py"
-    spec = importlib.util.spec_from_file_location("train_step_jax", path)
+    benchmarks = pathlib.Path(__file__).parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))  # as when the script runs: it imports train_step beside it
+    spec = importlib.util.spec_from_file_location("train_step_jax", benchmarks / "train_step_jax.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     gpu = DEVICE == "gpu"

@@ -215,7 +215,13 @@ def split_count(batch: int, heads_k: int, group: int, seqlen_k: int, head_dim: i
     MAX_SPLITS, each split at least MIN_SPLIT_BLOCKS blocks of the capacity. A function of shapes only; `group`: the
     rows of a key/value head (tokens x query heads)."""
     block_g, block_n = config(head_dim, group, dtype, target)[:2]
-    programs = batch * heads_k * cdiv(group, block_g)
+    return splits_for(batch * heads_k * cdiv(group, block_g), seqlen_k, block_n, target)
+
+
+def splits_for(programs: int, seqlen_k: int, block_n: int, target: Target) -> int:
+    """The split count of a split-KV kernel with `programs` programs a split and BLOCK_N positions a block: enough
+    programs for PROGRAMS_PER_SM per multiprocessor, at most MAX_SPLITS, each split at least MIN_SPLIT_BLOCKS blocks
+    of the capacity seqlen_k."""
     if programs == 0 or seqlen_k == 0:
         return 1
     fill = cdiv(PROGRAMS_PER_SM * target.num_sms, programs)
@@ -374,6 +380,15 @@ def cost(kwargs) -> tuple[Cost, Cost]:
 LONG_CONTEXT = 256  # a capacity taken from the drawn shape as it is (benchmarks: every sequence full); else drawn
 
 
+def draw_lengths(rng: np.random.Generator, batch: int, capacity: int, page: int, full: bool) -> np.ndarray:
+    """cache_seqlens (batch,) int32: every sequence full (a benchmark's), or drawn among 0, 1, page +- 1, page, the
+    capacity and uniform ones."""
+    if full:
+        return np.full(batch, capacity, np.int32)
+    choices = np.array([0, 1, page - 1, page, page + 1, capacity, *rng.integers(0, capacity + 1, 3)])
+    return np.clip(rng.choice(choices, batch), 0, capacity).astype(np.int32)
+
+
 def sample(rng: np.random.Generator, shape, dtype: str, paged=False, gqa=1, page_size=None, tokens=1) -> dict:
     """q (B, Hk * gqa, D), caches of capacity C, from a drawn shape (..., n): C = shape[1] if it is 0 or >=
     LONG_CONTEXT (a benchmark's shape: every sequence full, B = shape[0] and Hk = shape[2] as they are), else drawn
@@ -391,11 +406,7 @@ def sample(rng: np.random.Generator, shape, dtype: str, paged=False, gqa=1, page
     page = int(page_size or rng.choice([1, 7, 16, 32])) if paged else 16
     max_pages = cdiv(capacity, page)
     capacity = max_pages * page if paged else capacity
-    if given:
-        lengths = np.full(batch, capacity)
-    else:
-        choices = np.array([0, 1, page - 1, page, page + 1, capacity, *rng.integers(0, capacity + 1, 3)])
-        lengths = np.clip(rng.choice(choices, batch), 0, capacity)
+    lengths = draw_lengths(rng, batch, capacity, page, full=given)
     q_shape = (batch, heads_k * gqa, head_dim) if tokens == 1 else (batch, tokens, heads_k * gqa, head_dim)
     kwargs = {"q": round_to(rng.standard_normal(q_shape), dtype)}
     if paged:
@@ -408,7 +419,7 @@ def sample(rng: np.random.Generator, shape, dtype: str, paged=False, gqa=1, page
             round_to(rng.standard_normal((batch, capacity, heads_k, head_dim)), dtype) for _ in range(2)
         )
         table = None
-    return kwargs | {"cache_seqlens": lengths.astype(np.int32), "block_table": table, "softmax_scale": None}
+    return kwargs | {"cache_seqlens": lengths, "block_table": table, "softmax_scale": None}
 
 
 def bad_inputs(kwargs) -> list[BadInput]:

@@ -31,15 +31,15 @@ import triton.language as tl
 from . import checks
 from .decode_attention import (
     COMBINE_SPLITS,
-    MAX_SPLITS,
-    MIN_SPLIT_BLOCKS,
-    PROGRAMS_PER_SM,
     UNITS,
     cache_rows,
     decode_combine_kernel,
+    draw_lengths,
     finish,
+    gather,
     online_softmax,
     split_range,
+    splits_for,
 )
 from .flash_attention import dot
 from .host import interpreting
@@ -132,14 +132,9 @@ def config(latent_dim: int, rope_dim: int, heads: int, dtype: str, target: Targe
 
 def split_count(batch: int, heads: int, seqlen_k: int, latent_dim: int, rope_dim: int, dtype: str,
                 target: Target) -> int:  # fmt: skip
-    """Splits of the sequences, as decode_attention.split_count: enough programs for the multiprocessors, at most
-    MAX_SPLITS, each split at least MIN_SPLIT_BLOCKS blocks of the capacity. A function of shapes only."""
+    """Splits of the sequences (decode_attention.splits_for), a function of shapes only."""
     block_h, block_n = config(latent_dim, rope_dim, heads, dtype, target)[:2]
-    programs = batch * cdiv(heads, block_h)
-    if programs == 0 or seqlen_k == 0:
-        return 1
-    fill = cdiv(PROGRAMS_PER_SM * target.num_sms, programs)
-    return max(1, min(fill, cdiv(seqlen_k, MIN_SPLIT_BLOCKS * block_n), MAX_SPLITS))
+    return splits_for(batch * cdiv(heads, block_h), seqlen_k, block_n, target)
 
 
 def default_scale(latent_dim: int, rope_dim: int) -> float:
@@ -234,13 +229,6 @@ def forward(
 # reference, cost, samples
 
 
-def _gather(cache: np.ndarray, b: int, length: int, block_table=None) -> np.ndarray:
-    if block_table is None:
-        return cache[b, :length]
-    p = np.arange(length)
-    return cache[block_table[b, p // cache.shape[1]], p % cache.shape[1]]
-
-
 def reference(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softmax_scale=None, return_lse=False):
     batch, heads, latent_dim = q_nope.shape
     scale = default_scale(latent_dim, q_pe.shape[2]) if softmax_scale is None else softmax_scale
@@ -250,8 +238,8 @@ def reference(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softmax
         length = int(np.clip(cache_seqlens[b], 0, capacity))
         if length == 0 or heads == 0:
             continue
-        kv = _gather(kv_c, b, length, block_table).astype(np.float64)  # (L, Dc)
-        kp = _gather(k_pe, b, length, block_table).astype(np.float64)
+        kv = gather(kv_c, b, length, block_table).astype(np.float64)  # (L, Dc)
+        kp = gather(k_pe, b, length, block_table).astype(np.float64)
         s = (q_nope[b].astype(np.float64) @ kv.T + q_pe[b].astype(np.float64) @ kp.T) * scale  # (H, L)
         m = s.max(axis=1, keepdims=True)
         p = np.exp(s - m)
@@ -298,11 +286,7 @@ def sample(rng: np.random.Generator, shape, dtype: str, paged=False, page_size=N
     page = int(page_size or rng.choice([1, 7, 16, 64])) if paged else 16
     max_pages = cdiv(capacity, page)
     capacity = max_pages * page if paged else capacity
-    if given:
-        lengths = np.full(batch, capacity)
-    else:
-        choices = np.array([0, 1, page - 1, page, page + 1, capacity, *rng.integers(0, capacity + 1, 3)])
-        lengths = np.clip(rng.choice(choices, batch), 0, capacity)
+    lengths = draw_lengths(rng, batch, capacity, page, full=given)
     kwargs = {"q_nope": round_to(rng.standard_normal((batch, heads, latent_dim)), dtype),
               "q_pe": round_to(rng.standard_normal((batch, heads, rope_dim)), dtype)}  # fmt: skip
     rows = batch * max_pages + 3 if paged else batch
@@ -310,7 +294,7 @@ def sample(rng: np.random.Generator, shape, dtype: str, paged=False, page_size=N
     kwargs["kv_c"] = round_to(rng.standard_normal((rows, slots, latent_dim)), dtype)
     kwargs["k_pe"] = round_to(rng.standard_normal((rows, slots, rope_dim)), dtype)
     table = rng.permutation(rows)[: batch * max_pages].reshape(batch, max_pages).astype(np.int32) if paged else None
-    return kwargs | {"cache_seqlens": lengths.astype(np.int32), "block_table": table, "softmax_scale": None,
+    return kwargs | {"cache_seqlens": lengths, "block_table": table, "softmax_scale": None,
                      "return_lse": return_lse}  # fmt: skip
 
 

@@ -175,11 +175,11 @@ class Executor:
         """Runs the plan on `inputs` (tensors whose pointers the kernels read: any shape with the plan's layout).
         shapes: {buffer name: shape} to allocate buffers in (the caller's shapes, the same elements), the plan's
         shapes otherwise."""
-        if shapes is None:
-            buffers = [allocate(shape, dtype, zeroed, device) for _, shape, dtype, zeroed in self.buffers]
-        else:
-            buffers = [allocate(shapes.get(n, s), dtype, zeroed, device) for n, s, dtype, zeroed in self.buffers]
-        tensors = [*inputs, *buffers]
+        shapes = shapes or {}
+        tensors = [
+            *inputs,
+            *(allocate(shapes.get(n, s), dtype, zeroed, device) for n, s, dtype, zeroed in self.buffers),
+        ]
         if type(inputs[0]) in _PLAIN:  # real tensors (an op's body traced by torch.compile sees fake ones)
             for step in self.steps:
                 step.run(tensors, device)
