@@ -18,7 +18,7 @@ Kernels (flash-decoding as tile_kernels.core.decode_attention, whose combine ker
   * combine (decode_attention's): weights 2^(lse_s - max), the output in q's dtype and the lse.
 Dc up to 512 and Dr up to 64, each padded to a power of two >= 16 with masks. Design limit of this Triton path:
 the (BLOCK_H, Dc) fp32 accumulator and a (BLOCK_N, Dc) tile live in registers (no warp specialization, no split of
-Dc across warp groups), so BLOCK_H is 32 at Dc 512; it is the portable path."""
+Dc across warp groups), 64 heads a tile at Dc 512 on warp-32 GPUs; it is the portable path."""
 
 from __future__ import annotations
 
@@ -119,15 +119,17 @@ def mla_split_kernel(
 
 def config(latent_dim: int, rope_dim: int, heads: int, dtype: str, target: Target) -> tuple[int, ...]:
     """(BLOCK_H, BLOCK_N, BLOCK_C, BLOCK_R, num_warps, num_stages) of the split kernel: the heads of a tile bounded
-    so that the (BLOCK_H, Dc) accumulator and a (BLOCK_N, Dc) latent tile fit the registers."""
+    so that the (BLOCK_H, Dc) accumulator and a (BLOCK_N, Dc) latent tile fit the registers. 16-bit on warp-32
+    GPUs: 64 heads x 64 positions, 8 warps, 2 stages, the best of benchmarks/sweep_mla_decode.py on an H200 at Dc
+    512 (2.0-2.4x the 32 x 32 tiles: 64 query rows are one wgmma's M)."""
     block_c, block_r = max(16, next_power_of_2(latent_dim)), max(16, next_power_of_2(rope_dim))
     wide = block_c >= 256
     fp32 = dtype == "float32"
-    block_h = min(16 if fp32 or target.warp_size == 64 and wide else 32 if wide else 64,
-                  max(16, next_power_of_2(heads)))  # fmt: skip
-    block_n = 16 if fp32 or wide and target.warp_size == 64 else 32 if wide else 64
-    warps = 4 if target.warp_size == 64 else 8 if wide or fp32 else 4  # wave64: one wave a SIMD, 512 VGPRs a lane
-    return block_h, block_n, block_c, block_r, warps, 1 if target.warp_size == 64 else 2
+    wave64 = target.warp_size == 64  # one wave a SIMD, 512 VGPRs a lane: smaller tiles, 4 waves
+    block_h = min(16 if fp32 or wave64 and wide else 64, max(16, next_power_of_2(heads)))
+    block_n = 16 if fp32 or wide and wave64 else 64
+    warps = 4 if wave64 else 8 if wide or fp32 else 4
+    return block_h, block_n, block_c, block_r, warps, 1 if wave64 else 2
 
 
 def split_count(batch: int, heads: int, seqlen_k: int, latent_dim: int, rope_dim: int, dtype: str,
