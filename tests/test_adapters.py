@@ -242,6 +242,29 @@ def test_torch_ops_name_an_argument_that_is_not_a_tensor():
 
 
 @needs_torch
+def test_torch_checks_passed_once_still_reject_what_differs():
+    """The torch ops check a call signature once (_runtime.validated): an equal scalar of another type, or a tensor
+    of another dtype or shape, beside arguments that passed, is still checked."""
+    import torch
+
+    import tile_kernels.torch as tk
+
+    dev = "cuda" if DEVICE == "gpu" else "cpu"
+    x, w = torch.randn(3, 8, device=dev), torch.randn(8, device=dev)
+    tk.rms_norm(x, w, eps=1)
+    with pytest.raises(TypeError, match="rms_norm: eps must be a finite number > 0, got True"):
+        tk.rms_norm(x, w, eps=True)
+    with pytest.raises(ValueError, match="rms_norm: weight must have shape"):
+        tk.rms_norm(x, w[:-1], eps=1)
+    labels = torch.tensor([0, 1, 2], device=dev)
+    tk.cross_entropy(x, labels, ignore_index=1)
+    with pytest.raises(TypeError, match="cross_entropy: ignore_index must be an int, got True"):
+        tk.cross_entropy(x, labels, ignore_index=True)
+    with pytest.raises(TypeError, match="cross_entropy: target must have dtype int32 or int64"):
+        tk.cross_entropy(x, labels.float(), ignore_index=1)
+
+
+@needs_torch
 def test_torch_mixed_devices_raise():
     import torch
 

@@ -115,6 +115,39 @@ def check_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
     )
 
 
+_VALIDATED: dict = {}  # call signature -> (check's result, device), of calls that passed
+_SCALARS = (int, float, bool, str, type(None))
+
+
+def validated(op: str, check, names: tuple[str | None, ...], *args):
+    """(check(*args), device): an op's core validation and check_device of the arguments `names` labels (tensors or
+    None), once per call signature. Each check reads only the tensors' types, dtypes, shapes and devices and the
+    other arguments' types and values, so a signature that passed once passes again. Not cached while tracing (sizes
+    may be symbolic) or with an argument other than a tensor, a scalar or a tuple of scalars."""
+    key = None if _compiling() else _signature(check, args)
+    if key is not None and (hit := _VALIDATED.get(key)) is not None:
+        return hit
+    result = check(*args), check_device(op, **{n: a for n, a in zip(names, args, strict=True) if n is not None})
+    if key is not None and len(_VALIDATED) < 4096:
+        _VALIDATED[key] = result
+    return result
+
+
+def _signature(check, args) -> tuple | None:
+    key = [check]
+    for a in args:
+        kind = type(a)
+        if kind in _PLAIN:
+            key.append((kind, a.dtype, a.shape, a.device))
+        elif kind in _SCALARS:
+            key.append((kind, a))
+        elif kind is tuple and all(type(e) in _SCALARS for e in a):
+            key.append((kind, tuple((type(e), e) for e in a)))
+        else:
+            return None
+    return tuple(key)
+
+
 @functools.cache
 def _cuda_target(index: int) -> Target:
     props = torch.cuda.get_device_properties(index)
@@ -122,9 +155,12 @@ def _cuda_target(index: int) -> Target:
     return Target(warp_size=warp, num_sms=props.multi_processor_count)
 
 
+_CPU_TARGET = Target()  # the interpreter's
+
+
 def target(device: torch.device) -> Target:
     if device.type == "cpu":
-        return Target()
+        return _CPU_TARGET
     return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
 
 

@@ -8,7 +8,7 @@ from tile_kernels.core import cross_entropy as core
 from tile_kernels.core import dtype_name
 
 from ._distributed import is_dtensor, replicated
-from ._runtime import as_rows, check_device, eager_op, executor, register_public_op, target
+from ._runtime import as_rows, eager_op, executor, register_public_op, target, validated
 
 
 def _settings(logits, labels, ignore_index, reduction, label_smoothing):
@@ -64,8 +64,8 @@ def cross_entropy(
     label_smoothing: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """As F.cross_entropy(logits, target, ...) for 2-D logits (N, V) and integer class targets."""
-    core.check(logits, target, ignore_index, reduction, label_smoothing)
-    check_device(core.NAME, logits=logits, target=target)
+    validated(core.NAME, core.check, ("logits", "target", None, None, None), logits, target, ignore_index, reduction,
+              label_smoothing)  # fmt: skip
     ignore_index = int(ignore_index)
     if reduction == "mean" and is_dtensor(logits):  # rows may be split: the summed loss over the summed count
         loss, _, count = cross_entropy_fwd(logits, target, ignore_index, "sum", float(label_smoothing))

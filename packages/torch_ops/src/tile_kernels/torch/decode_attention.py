@@ -8,7 +8,7 @@ import torch
 from tile_kernels.core import decode_attention as core
 from tile_kernels.core import dtype_name
 
-from ._runtime import check_device, eager_op, executor, register_public_op, target, unit_last
+from ._runtime import eager_op, executor, register_public_op, target, unit_last, validated
 
 
 def _fwd(
@@ -48,9 +48,8 @@ def decode_attention(
     (num_blocks, page_size, Hk, D) with block_table (B, max_pages) int32 (position p in page block_table[b, p //
     page_size], slot p % page_size); Hq % Hk == 0; softmax_scale defaults to 1 / sqrt(D). Returns q's shape and
     dtype; 0 for a token that sees no position. Not differentiable."""
-    core.check(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale)
-    check_device(core.NAME, q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
-                 block_table=block_table)  # fmt: skip
+    validated(core.NAME, core.check, ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", None), q, k_cache,
+              v_cache, cache_seqlens, block_table, softmax_scale)  # fmt: skip
     return decode_attention_fwd(q, k_cache, v_cache, cache_seqlens, block_table, core.options(q, softmax_scale))
 
 

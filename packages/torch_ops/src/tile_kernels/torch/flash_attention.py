@@ -14,7 +14,7 @@ from tile_kernels.core import dtype_name
 from tile_kernels.core import flash_attention as core
 
 from ._calls import cuda_arch, resolve_backend, run_calls
-from ._runtime import check_device, eager_op, executor, register_public_op, target
+from ._runtime import eager_op, executor, register_public_op, target, validated
 
 
 def _bshd(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
@@ -103,8 +103,8 @@ def flash_attention(
     (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
     with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D). backend: "triton", "tilelang" (its forward; float16 /
     bfloat16), or None for the default of the device (tile_kernels.core.backends)."""
-    core.check(q, k, v, causal, window, softmax_scale, softcap)
-    device = check_device(core.NAME, q=q, k=k, v=v)
+    _, device = validated(core.NAME, core.check, ("q", "k", "v", None, None, None, None), q, k, v, causal, window,
+                          softmax_scale, softcap)  # fmt: skip
     backend = resolve_backend(core.NAME, backend, device)
     causal, (left, right), scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)
     return flash_attention_fwd(q, k, v, causal, left, right, scale, softcap, backend)[0]

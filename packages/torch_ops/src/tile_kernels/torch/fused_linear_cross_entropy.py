@@ -22,7 +22,7 @@ from tile_kernels.core import dtype_name
 from tile_kernels.core import fused_linear_cross_entropy as core
 
 from ._distributed import is_dtensor, replicated
-from ._runtime import check_device, eager_op, executor, register_public_op
+from ._runtime import eager_op, executor, register_public_op, validated
 from ._runtime import target as device_target
 
 
@@ -121,8 +121,8 @@ def fused_linear_cross_entropy(
     if tensors and torch.is_autocast_enabled(hidden.device.type):  # as autocast runs the lm_head's linear
         dtype = torch.get_autocast_dtype(hidden.device.type)
         hidden, weight = hidden.to(dtype), weight.to(dtype)
-    core.check(hidden, weight, target, ignore_index, reduction, chunk_size)
-    check_device(core.NAME, hidden=hidden, weight=weight, target=target)
+    validated(core.NAME, core.check, ("hidden", "weight", "target", None, None, None), hidden, weight, target,
+              ignore_index, reduction, chunk_size)  # fmt: skip
     grad = torch.is_grad_enabled()
     chunk = None if chunk_size is None else int(chunk_size)
     wants = (grad and hidden.requires_grad, grad and weight.requires_grad)

@@ -7,7 +7,7 @@ import torch
 from tile_kernels.core import dtype_name
 from tile_kernels.core import mla_decode as core
 
-from ._runtime import check_device, eager_op, executor, register_public_op, target, unit_last
+from ._runtime import eager_op, executor, register_public_op, target, unit_last, validated
 
 
 def _fwd(
@@ -49,9 +49,8 @@ def mla_decode(
     1 / sqrt(Dc + Dr)), out = softmax(scores) @ kv_c, (B, H, Dc) in q's dtype; with return_lse also the
     log-sum-exp of the scores (B, H) float32, natural log (-inf for an empty sequence, whose output is 0).
     Not differentiable."""
-    core.check(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table, softmax_scale, return_lse)
-    check_device(core.NAME, q_nope=q_nope, q_pe=q_pe, kv_c=kv_c, k_pe=k_pe, cache_seqlens=cache_seqlens,
-                 block_table=block_table)  # fmt: skip
+    validated(core.NAME, core.check, ("q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens", "block_table", None, None),
+              q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table, softmax_scale, return_lse)  # fmt: skip
     out, lse = mla_decode_fwd(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table,
                               core.options(q_nope, q_pe, softmax_scale))  # fmt: skip
     return (out, lse) if return_lse else out

@@ -18,7 +18,7 @@ from tile_kernels.core import layer_norm as layer_core
 from tile_kernels.core import rms_norm as rms_core
 
 from ._calls import cuda_arch, resolve_backend, run_calls
-from ._runtime import as_rows, check_device, eager_op, executor, register_public_op, target
+from ._runtime import as_rows, eager_op, executor, register_public_op, target, validated
 
 NO_TENSOR = (0,)  # shape of the placeholder returned for an absent output (h without residual, dbias without bias)
 
@@ -159,8 +159,7 @@ def rms_norm(
     backend: "triton", "tilelang", "cuda", or None for the default of the device (tile_kernels.core.backends).
     Under torch.autocast a residual of another dtype than x is added in their promoted dtype, as `x + residual`."""
     x, residual = _promoted_under_autocast(x, residual)
-    rms_core.check(x, weight, residual, eps)
-    device = check_device(rms_core.NAME, x=x, weight=weight, residual=residual)
+    _, device = validated(rms_core.NAME, rms_core.check, ("x", "weight", "residual", None), x, weight, residual, eps)
     backend = resolve_backend(rms_core.NAME, backend, device)
     y, h, _ = rms_norm_fwd(x, weight, residual, float(eps), backend)
     return y if residual is None else (y, h)
@@ -223,8 +222,8 @@ def layer_norm(
     y and h have x's dtype, whatever the float dtype of weight and bias (the math runs in float32).
     Under torch.autocast a residual of another dtype than x is added in their promoted dtype, as `x + residual`."""
     x, residual = _promoted_under_autocast(x, residual)
-    layer_core.check(x, weight, bias, eps, residual)
-    check_device(layer_core.NAME, x=x, weight=weight, bias=bias, residual=residual)
+    validated(layer_core.NAME, layer_core.check, ("x", "weight", "bias", None, "residual"), x, weight, bias, eps,
+              residual)  # fmt: skip
     y, h, _, _ = layer_norm_fwd(x, weight, bias, residual, float(eps))
     return y if residual is None else (y, h)
 

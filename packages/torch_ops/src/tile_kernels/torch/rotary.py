@@ -7,7 +7,7 @@ import torch
 from tile_kernels.core import dtype_name
 from tile_kernels.core import rotary as core
 
-from ._runtime import as_rows, check_device, eager_op, executor, register_public_op, target
+from ._runtime import as_rows, eager_op, executor, register_public_op, target, validated
 
 
 def _rotate(x, cos, sin, interleaved, conjugate):
@@ -45,11 +45,14 @@ apply_rotary_bwd = eager_op("apply_rotary_bwd", _bwd)
 apply_rotary_fwd = eager_op("apply_rotary_fwd", _fwd, _setup_context, _backward)
 
 
+def _check(x, cos, sin, interleaved):
+    core.check(x, cos, sin, interleaved, per_sequence=True)  # tables may be one a sequence
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """Rotary embedding of x (B, S, H, D) by cos/sin (S, D/2), or (B, S, D/2) for a table per sequence (positions
     that differ between sequences); GPT-NeoX halves, GPT-J pairs when interleaved."""
-    core.check(x, cos, sin, interleaved, per_sequence=True)
-    check_device(core.NAME, x=x, cos=cos, sin=sin)
+    validated(core.NAME, _check, ("x", "cos", "sin", None), x, cos, sin, interleaved)
     return apply_rotary_fwd(x, cos, sin, bool(interleaved))
 
 

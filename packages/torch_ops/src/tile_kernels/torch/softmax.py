@@ -7,7 +7,7 @@ import torch
 from tile_kernels.core import dtype_name
 from tile_kernels.core import softmax as core
 
-from ._runtime import as_rows, check_device, eager_op, executor, register_public_op, target
+from ._runtime import as_rows, eager_op, executor, register_public_op, target, validated
 
 
 def _fwd(x: torch.Tensor) -> torch.Tensor:
@@ -43,8 +43,7 @@ softmax_fwd = eager_op("softmax_fwd", _fwd, _setup_context, _backward)
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """As torch.nn.functional.softmax(x, dim); any dim other than the last is moved there and back."""
-    dim = core.check(x, dim)
-    check_device(core.NAME, x=x)
+    dim, _ = validated(core.NAME, core.check, ("x", None), x, dim)
     if x.dim() == 0:
         return softmax_fwd(x.reshape(1)).reshape(())
     last = x.dim() - 1

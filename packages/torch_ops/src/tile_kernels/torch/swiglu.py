@@ -7,7 +7,7 @@ import torch
 from tile_kernels.core import dtype_name
 from tile_kernels.core import swiglu as core
 
-from ._runtime import as_rows, check_device, eager_op, executor, register_public_op, target
+from ._runtime import as_rows, eager_op, executor, register_public_op, target, validated
 
 
 def _fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -40,8 +40,7 @@ swiglu_fwd = eager_op("swiglu_fwd", _fwd, _setup_context, _backward)
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up."""
-    core.check(gate, up)
-    check_device(core.NAME, gate=gate, up=up)
+    validated(core.NAME, core.check, ("gate", "up"), gate, up)
     return swiglu_fwd(gate, up)
 
 
