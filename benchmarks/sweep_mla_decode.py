@@ -57,7 +57,7 @@ def main(argv=None):
         want = tk.mla_decode(*x)
         results = []
         for bh, bn, warps, stages in itertools.product((32, 64), (16, 32, 64), (4, 8), (1, 2, 3)):
-            core.config = lambda *a, _c=(bh, bn, 512, 64, warps, stages), **k: _c
+            core.config = lambda *a, _c=(bh, bn, LATENT, ROPE, warps, stages), **k: _c
             _runtime._cached_executor.cache_clear()
             try:
                 got = tk.mla_decode(*x)

@@ -121,7 +121,7 @@ def config(latent_dim: int, rope_dim: int, heads: int, dtype: str, target: Targe
     """(BLOCK_H, BLOCK_N, BLOCK_C, BLOCK_R, num_warps, num_stages) of the split kernel: the heads of a tile bounded
     so that the (BLOCK_H, Dc) accumulator and a (BLOCK_N, Dc) latent tile fit the registers. 16-bit on warp-32
     GPUs: 64 heads x 64 positions, 8 warps, 2 stages, the best of benchmarks/sweep_mla_decode.py on an H200 at Dc
-    512 (2.0-2.4x the 32 x 32 tiles: 64 query rows are one wgmma's M)."""
+    512 and 32 x 8K (2.1-2.4x the 32 x 32 tiles there, 1.2-1.7x at 1 x 32K: 64 query rows are one wgmma's M)."""
     block_c, block_r = max(16, next_power_of_2(latent_dim)), max(16, next_power_of_2(rope_dim))
     wide = block_c >= 256
     fp32 = dtype == "float32"
