@@ -559,16 +559,18 @@ def flash_bwd_dq_kernel(
 
 # Block configurations per head-dim bucket: forward (BLOCK_M, BLOCK_N, num_warps, num_stages); backward a pair of
 # those for the dK/dV kernel (BLOCK_N keys per program, BLOCK_M queries per step) and the dQ kernel (BLOCK_M queries
-# per program, BLOCK_N keys per step). The first of each list is the default. Wavefront-64 (AMD) targets have 64 KiB
+# per program, BLOCK_N keys per step). The first of each list is the default; the warp-32 defaults of head dims 64
+# and 128 are the fastest of benchmarks/sweep_flash_attention.py on an H200. Wavefront-64 (AMD) targets have 64 KiB
 # of LDS: smaller tiles, one software-pipelining stage.
 _FWD = {
-    32: {64: [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
+    32: {64: [(64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3)],
          128: [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
          256: [(64, 64, 8, 2), (128, 32, 8, 2)]},
     64: {64: [(128, 64, 4, 1), (64, 64, 4, 1)], 128: [(128, 64, 8, 1), (64, 32, 4, 1)], 256: [(64, 32, 4, 1)]},
 }  # fmt: skip
 _BWD = {
-    32: {64: [((32, 128, 4, 3), (128, 32, 4, 3)), ((64, 64, 4, 2), (64, 64, 4, 2))],
+    32: {64: [((32, 128, 4, 3), (64, 64, 4, 3)), ((32, 128, 4, 3), (128, 32, 4, 3)),
+              ((64, 64, 4, 2), (64, 64, 4, 2))],
          128: [((32, 64, 4, 3), (128, 64, 8, 3)), ((32, 128, 8, 2), (128, 32, 8, 2)), ((64, 64, 4, 2), (64, 64, 4, 2))],
          256: [((32, 64, 8, 1), (64, 32, 8, 1))]},
     64: {64: [((32, 64, 4, 1), (64, 32, 4, 1))], 128: [((32, 64, 4, 1), (64, 32, 4, 1))],

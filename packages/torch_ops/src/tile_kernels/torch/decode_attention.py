@@ -32,7 +32,7 @@ def _fwd(
                    scale=softmax_scale, target=target(q.device), strides_q=tuple(q4.stride()[:3]),
                    strides_k=tuple(k.stride()[:3]), strides_v=tuple(v.stride()[:3]), tokens=tokens,
                    **paged)  # fmt: skip
-    return run(*inputs, device=q.device, shapes={"out": q.shape})[0]
+    return run(*inputs, device=q.device, shapes={"out": q})[0]
 
 
 decode_attention_fwd = eager_op("decode_attention_fwd", _fwd)

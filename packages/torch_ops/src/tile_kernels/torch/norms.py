@@ -35,7 +35,7 @@ def _forward(x, weight, bias, residual, eps, is_rms):
         stride_x=stride_x, stride_residual=stride_r,
     )  # fmt: skip
     inputs = (x2, weight) + ((bias,) if bias is not None else ()) + ((r2,) if residual is not None else ())
-    outs = run(*inputs, device=x.device, shapes={"y": x.shape, "h": x.shape, "mean": lead, "rstd": lead})
+    outs = run(*inputs, device=x.device, shapes={"y": x, "h": x, "mean": lead, "rstd": lead})
     h = outs[1] if residual is not None else x.new_empty(NO_TENSOR)
     return outs[0], h, None if is_rms else outs[-2], outs[-1]
 
@@ -53,7 +53,7 @@ def _backward(dy, h, weight, mean, rstd, dh, has_bias, is_rms):
     )  # fmt: skip
     stats = (rstd.contiguous(),) if is_rms else (mean.contiguous(), rstd.contiguous())  # the kernels' own, compact
     inputs = (dy2, h2, weight, *stats) + ((dh2,) if dh is not None else ())
-    grads = run(*inputs, device=h.device, shapes={"dx": h.shape, "dweight": (n,), "dbias": (n,)})
+    grads = run(*inputs, device=h.device, shapes={"dx": h, "dweight": (n,), "dbias": (n,)})
     return grads[0], grads[1], grads[2] if has_bias else weight.new_empty(NO_TENSOR)
 
 

@@ -20,7 +20,7 @@ def _rotate(x, cos, sin, interleaved, conjugate):
         table_dtype=dtype_name(cos.dtype), interleaved=interleaved, conjugate=conjugate, target=target(x.device),
         stride_x=stride, table_batched=per_sequence,
     )  # fmt: skip
-    return run(x2, cos.contiguous(), sin.contiguous(), device=x.device, shapes={"y": x.shape})[0]
+    return run(x2, cos.contiguous(), sin.contiguous(), device=x.device, shapes={"y": x})[0]
 
 
 def _fwd(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:

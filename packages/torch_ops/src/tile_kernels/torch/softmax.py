@@ -15,7 +15,7 @@ def _fwd(x: torch.Tensor) -> torch.Tensor:
     n = x.shape[-1]
     x2, rows, stride_x = as_rows(x, n)
     run = executor(core.forward, rows, n, dtype=dtype_name(x.dtype), target=target(x.device), stride_x=stride_x)
-    return run(x2, device=x.device, shapes={"y": x.shape})[0]
+    return run(x2, device=x.device, shapes={"y": x})[0]
 
 
 def _bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
@@ -25,7 +25,7 @@ def _bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
         core.backward, rows, n, dtype=dtype_name(y.dtype), target=target(y.device), stride_y=stride_y,
         stride_dy=stride_dy,
     )  # fmt: skip
-    return run(y2, dy2, device=y.device, shapes={"dx": y.shape})[0]
+    return run(y2, dy2, device=y.device, shapes={"dx": y})[0]
 
 
 def _setup_context(ctx, inputs, output):

@@ -15,7 +15,7 @@ def _fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     (g2, rows, stride_g), (u2, _, stride_u) = as_rows(gate, n), as_rows(up, n)
     run = executor(core.forward, rows, n, dtype=dtype_name(gate.dtype), target=target(gate.device),
                    stride_gate=stride_g, stride_up=stride_u)  # fmt: skip
-    return run(g2, u2, device=gate.device, shapes={"y": gate.shape})[0]
+    return run(g2, u2, device=gate.device, shapes={"y": gate})[0]
 
 
 def _bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,7 +23,7 @@ def _bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.
     (dy2, _, stride_dy), (g2, rows, stride_g), (u2, _, stride_u) = as_rows(dy, n), as_rows(gate, n), as_rows(up, n)
     run = executor(core.backward, rows, n, dtype=dtype_name(gate.dtype), target=target(gate.device),
                    stride_dy=stride_dy, stride_gate=stride_g, stride_up=stride_u)  # fmt: skip
-    return run(dy2, g2, u2, device=gate.device, shapes={"dgate": gate.shape, "dup": gate.shape})
+    return run(dy2, g2, u2, device=gate.device, shapes={"dgate": gate, "dup": up})
 
 
 def _setup_context(ctx, inputs, output):
