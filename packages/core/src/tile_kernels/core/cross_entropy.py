@@ -59,6 +59,11 @@ NAME = "cross_entropy"
 REDUCTIONS = ("none", "sum", "mean")
 TARGET_DTYPES = ("int32", "int64")
 TILE = 4096  # elements of a forward tile: narrow rows are read several at a time
+# Warps of a forward tile: 64 of its elements a thread, at least 4 warps. benchmarks/sweep_row_warps.py on an H200
+# (2^26 bf16 logits, % of copy with these warps / the 16 of 8 elements a thread): 256 classes 33 / 25, 1024 37 / 29,
+# 2048 46 / 30, 4096 59 / 36, 8192 62 / 48, 16384 58 / 43. Fewer warps measured better at 1024-4096 classes (1, 1, 2
+# warps: 49, 56, 61%), not adopted: one run only.
+TILE_PER_THREAD, TILE_MIN_WARPS = 64, 4
 REDUCE_BLOCK = 16384  # row losses a step of the loss reduction (one step at 16K rows)
 SEGMENT = 8192  # classes a program of the split forward of rows wider than MAX_ROW_BLOCK
 COMBINE_ROWS, COMBINE_SEGMENTS = 16, 32  # rows and segments a step of its combining launch
@@ -333,7 +338,7 @@ def forward_launch(
     programs, tile_rows = rows, 1  # streamed rows: a program per row
     if one_block:  # persistent programs over tiles, as many as fill each SM's 2048 threads (registers permitting)
         tile_rows = max(1, TILE // block)
-        warps = row_block(tile_rows * block, target)[2]
+        warps = max(TILE_MIN_WARPS, row_block(tile_rows * block, target, per_thread=TILE_PER_THREAD)[2])
         programs = programs_per_problem(cdiv(rows, tile_rows), target, waves=max(1, 2048 // (warps * target.warp_size)))
     launch = Launch(
         cross_entropy_fwd_kernel,

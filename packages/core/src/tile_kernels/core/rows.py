@@ -25,11 +25,13 @@ WIDTH_BUCKETS = (1, 2, 3, 5) + tuple(w for k in range(4, 15) for w in (2**k, 2 *
 WIDTH_BUCKETS += (4 * MAX_ROW_BLOCK, 4 * MAX_ROW_BLOCK + 1)
 
 
-def row_block(n: int, target: Target, max_block: int = MAX_ROW_BLOCK) -> tuple[int, bool, int]:
-    """(BLOCK_N, ONE_BLOCK, num_warps) for rows of n elements."""
+def row_block(
+    n: int, target: Target, max_block: int = MAX_ROW_BLOCK, per_thread: int = ELEMENTS_PER_THREAD
+) -> tuple[int, bool, int]:
+    """(BLOCK_N, ONE_BLOCK, num_warps) for rows of n elements, `per_thread` of a block's elements a thread."""
     one_block = n <= max_block
     block = next_power_of_2(n) if one_block else WIDE_ROW_BLOCK
-    warps = min(MAX_WARPS, max(1, block // (target.warp_size * ELEMENTS_PER_THREAD)))
+    warps = min(MAX_WARPS, max(1, block // (target.warp_size * per_thread)))
     return block, one_block, warps
 
 

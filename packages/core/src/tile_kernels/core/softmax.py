@@ -19,7 +19,7 @@ import triton.language as tl
 from . import checks
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, in_units
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
-from .rows import online_max_sum_step, online_max_sum_total, row_block, row_op_plans
+from .rows import ELEMENTS_PER_THREAD, online_max_sum_step, online_max_sum_total, row_block, row_op_plans
 
 NAME = "softmax"
 # The row width and strides are passed in units of 16 elements where they all divide (plan.in_units) and multiplied
@@ -94,22 +94,32 @@ def check(x, dim=-1) -> int:
     return checks.normalize_dim(NAME, dim, len(x.shape))
 
 
-def _row_plan(kernel, rows: int, n: int, dtype: str, reads: tuple, units: tuple, out: str, target: Target) -> Plan:
+def _row_plan(
+    kernel, rows: int, n: int, dtype: str, reads: tuple, units: tuple, out: str, target: Target,
+    per_thread: int = ELEMENTS_PER_THREAD,
+) -> Plan:  # fmt: skip
     """`units`: the kernel's int arguments passed in units (its row width and strides)."""
     empty = rows * n == 0
     buffers = {out: BufferSpec((rows, n), dtype, zeroed=empty)}
     launches = ()
     if not empty:
-        block, one_block, warps = row_block(n, target)
+        block, one_block, warps = row_block(n, target, per_thread=per_thread)
         constexprs = dict(BLOCK_N=block, ONE_BLOCK=one_block)
         launches = (in_units(Launch(kernel, (rows,), reads, (out,), constexprs, num_warps=warps), *units),)
     return Plan({r: dtype for r in reads if isinstance(r, str)}, buffers, launches, (out,))
 
 
+# Elements a thread of the forward: half the warps of the default (two block-wide reductions, max and sum, each a
+# round trip through shared memory across the warps). benchmarks/sweep_row_warps.py on an H200, 2^26 bf16 elements,
+# % of copy at 16 / 8 elements a thread: width 1024 96 / 89, 2048 95 / 84, 4096 94 / 77, 8192 and 16384 equal (94,
+# 87: 16 warps either way); the backward (one reduction) is at 95-100% with the default.
+FORWARD_PER_THREAD = 16
+
+
 def forward(rows: int, n: int, *, dtype: str, target: Target, stride_x: int | None = None) -> Plan:
     """Input x (rows of n, row stride stride_x); output y (rows, n)."""
     reads = ("x", n, n if stride_x is None else stride_x)
-    return _row_plan(softmax_fwd_kernel, rows, n, dtype, reads, ("N", "stride_x"), "y", target)
+    return _row_plan(softmax_fwd_kernel, rows, n, dtype, reads, ("N", "stride_x"), "y", target, FORWARD_PER_THREAD)
 
 
 def backward(

@@ -1,0 +1,69 @@
+"""num_warps of the one-program-per-row kernels (softmax forward and backward, cross_entropy forward), timed on this
+machine's GPU at 2^26 elements over a sweep of row widths, beside Liger-Kernel's softmax where it is installed. Each
+line: device time (triton.testing.do_bench), % of the measured copy bandwidth (algorithmic bytes: each input read
+once, each output written once); the warps the op's plan picks are marked *.
+
+    python benchmarks/sweep_row_warps.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton.testing
+
+from tile_kernels.core import cross_entropy, softmax
+from tile_kernels.torch._runtime import Executor, target
+
+WIDTHS = (256, 1024, 2048, 4096, 8192, 16384)
+WARPS = (1, 2, 4, 8, 16)
+
+
+def with_warps(plan, warps: int):
+    """The plan with its first launch (the row kernel) at `warps` warps."""
+    first, *rest = plan.launches
+    return dataclasses.replace(plan, launches=(dataclasses.replace(first, num_warps=warps), *rest))
+
+
+def main() -> None:
+    device = torch.device("cuda", torch.cuda.current_device())
+    tgt = target(device)
+    copy_src = torch.empty(2**28, dtype=torch.uint8, device=device)
+    copy_dst = torch.empty_like(copy_src)
+    copy_gbs = 2 * copy_src.numel() / triton.testing.do_bench(lambda: copy_dst.copy_(copy_src)) / 1e6
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
+          f"copy {copy_gbs:.0f} GB/s", flush=True)  # fmt: skip
+    try:
+        from liger_kernel.transformers.functional import liger_softmax
+    except ImportError:
+        liger_softmax = None
+    for n in WIDTHS:
+        m = 2**26 // n
+        x = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+        dy = torch.randn_like(x)
+        labels = torch.randint(0, n, (m,), device=device)
+        cases = {
+            "softmax fwd": (softmax.forward(m, n, dtype="bfloat16", target=tgt), (x,), 2),
+            "softmax bwd": (softmax.backward(m, n, dtype="bfloat16", target=tgt), (x, dy), 3),
+            "cross_entropy fwd": (
+                cross_entropy.forward(1, m, n, dtype="bfloat16", target_dtype="int64", reduction="mean",
+                                      ignore_index=-100, label_smoothing=0.0, target=tgt, stride_row=n),
+                (x, labels), 1,
+            ),
+        }  # fmt: skip
+        for name, (plan, inputs, passes) in cases.items():
+            line, default = [], plan.launches[0].num_warps
+            for warps in WARPS:
+                run = Executor(with_warps(plan, warps))
+                ms = triton.testing.do_bench(lambda run=run, inputs=inputs: run(*inputs, device=device))
+                pct = 100 * passes * x.numel() * 2 / ms / 1e6 / copy_gbs
+                line.append(f"{warps}{'*' if warps == default else ''}: {ms * 1e3:.1f} us {pct:.0f}%")
+            print(f"{m}x{n} {name}: " + ", ".join(line), flush=True)
+        if liger_softmax is not None:
+            ms = triton.testing.do_bench(lambda x=x: liger_softmax(x))
+            print(f"{m}x{n} liger softmax fwd: {ms * 1e3:.1f} us {100 * 4 * x.numel() / ms / 1e6 / copy_gbs:.0f}%")
+
+
+if __name__ == "__main__":
+    main()
