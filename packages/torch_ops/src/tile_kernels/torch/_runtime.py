@@ -61,7 +61,7 @@ def eager_op(name: str, impl, setup_context=None, backward=None, mutates_args=()
         if _compiling() or _dispatch_modes() or _functorch_transforms():
             return op(*args)
         wants_grad = False
-        for a in args:  # is_eager's test, and whether a tensor wants a gradient, in one pass
+        for a in args:  # a tensor subclass (DTensor) goes to the op; note whether a tensor wants a gradient
             if isinstance(a, torch.Tensor):
                 if type(a) not in _PLAIN:
                     return op(*args)
@@ -207,13 +207,9 @@ class Executor:
         shapes: {buffer name: shape, or a tensor of that shape} to allocate buffers in (the caller's shapes, the same
         elements), the plan's shapes otherwise; a buffer given a contiguous tensor of its dtype is allocated like it
         (torch.empty_like: a third of torch.empty's host time)."""
-        tensors = list(inputs)
-        if shapes is None:
-            for _, shape, dtype, zeroed in self.buffers:
-                tensors.append(allocate(shape, dtype, zeroed, device))
-        else:
-            for name, shape, dtype, zeroed in self.buffers:
-                tensors.append(allocate(shapes.get(name, shape), dtype, zeroed, device))
+        shapes = shapes or {}
+        buffers = (allocate(shapes.get(n, s), dtype, zeroed, device) for n, s, dtype, zeroed in self.buffers)
+        tensors = [*inputs, *buffers]
         if type(inputs[0]) in _PLAIN:  # real tensors (an op's body traced by torch.compile sees fake ones)
             for step in self.steps:
                 step.run(tensors, device)
