@@ -6,6 +6,10 @@ and each variant's speed relative to stock and to Liger in the same run; writes 
 
     python benchmarks/train_step.py --shape llama-1b --shape llama-8b-4layers --out benchmarks/results/h200
     python benchmarks/train_step.py --tiny --device cpu      # the plumbing, on a CPU (TRITON_INTERPRET=1)
+
+--profile adds, per variant, the kernels of one more step (torch.profiler): device time by kernel and its total
+beside the step's wall time (what is left is the device idle, waiting on the host), written as
+train_step_kernels.md.
 """
 
 from __future__ import annotations
@@ -53,7 +57,36 @@ def build(shape: str, variant: str, device: str, dtype):
     return model
 
 
-def measure(model, shape: str, device: str, steps: int, compiled: bool) -> dict:
+def kernels(step, ids, top: int = 25) -> dict:
+    """One step under torch.profiler: wall ms, the summed device time of its kernels, the `top` kernels by device
+    time (name, calls, ms), and the device's idle gaps over 20 us (before which kernel, how long)."""
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
+        step(ids)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - started) * 1e3
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events.sort(key=lambda e: -e.self_device_time_total)
+    rows = [(e.key[:90], e.count, e.self_device_time_total / 1e3) for e in events]
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))["traceEvents"]
+    device = sorted((e for e in trace if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")), key=lambda e: e["ts"])
+    gaps = [(b["ts"] - a["ts"] - a["dur"], b["name"][:60]) for a, b in zip(device, device[1:])]
+    long_gaps = sorted((g for g in gaps if g[0] > 20), reverse=True)
+    return {"wall_ms": wall, "kernel_ms": sum(r[2] for r in rows), "launches": sum(r[1] for r in rows),
+            "top": rows[:top], "gaps_ms": sum(g for g, _ in gaps) / 1e3, "long_gaps": len(long_gaps),
+            "long_gaps_ms": sum(g for g, _ in long_gaps) / 1e3,
+            "longest": [(round(g), name) for g, name in long_gaps[:12]]}  # fmt: skip
+
+
+def measure(model, shape: str, device: str, steps: int, compiled: bool, profiled: bool = False) -> dict:
     import torch
 
     *_, vocab, batch, seq = SHAPES[shape]
@@ -80,7 +113,8 @@ def measure(model, shape: str, device: str, steps: int, compiled: bool) -> dict:
     sync()
     ms = (time.perf_counter() - started) / steps * 1e3
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
-    return {"ms": ms, "tokens_per_s": batch * seq / ms * 1e3, "peak_gib": peak, "loss": float(loss.item()),
+    profile = {"kernels": kernels(step, batches[0])} if profiled else {}
+    return profile | {"ms": ms, "tokens_per_s": batch * seq / ms * 1e3, "peak_gib": peak, "loss": float(loss.item()),
             "warmup_loss": losses[0], "warmup_s": warmup_s}  # fmt: skip
 
 
@@ -135,6 +169,25 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kernel_markdown(rows: list[dict]) -> str:
+    lines = ["# Kernels of one training step", ""]
+    for r in rows:
+        if "kernels" not in r:
+            continue
+        k = r["kernels"]
+        lines += [f"## {r['shape']}, {r['mode']}, {r['variant']}: wall {k['wall_ms']:.1f} ms (profiled), kernels "
+                  f"{k['kernel_ms']:.1f} ms in {k['launches']} launches, idle {k['wall_ms'] - k['kernel_ms']:.1f} ms",
+                  "", "| kernel | calls | ms |", "|---|---|---|"]  # fmt: skip
+        lines += [f"| `{name}` | {calls} | {ms:.2f} |" for name, calls, ms in k["top"]]
+        lines += [
+            "",
+            f"Device idle between its first and last kernel: {k['gaps_ms']:.1f} ms, of which {k['long_gaps']} "
+            f"gaps over 20 us: {k['long_gaps_ms']:.1f} ms; the longest (us, the kernel after): {k['longest']}",
+            "",
+        ]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", action="append", choices=sorted(SHAPES), help="default llama-1b")
@@ -144,6 +197,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="the tiny shape, float32 (a CPU check of the plumbing)")
+    p.add_argument("--profile", action="store_true", help="the kernels of one more step (a CUDA device)")
     p.add_argument("--out", help="directory for train_step.json / train_step.md")
     args = p.parse_args(argv)
     if args.device == "cpu":
@@ -162,7 +216,7 @@ def main(argv=None) -> int:
                 row = {"shape": shape, "mode": mode, "variant": variant}
                 try:
                     model = build(shape, variant, args.device, dtype)
-                    row |= measure(model, shape, args.device, args.steps, mode == "compile")
+                    row |= measure(model, shape, args.device, args.steps, mode == "compile", args.profile)
                 except Exception as e:  # a variant that cannot run is reported, not dropped
                     row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
                 model = None
@@ -175,6 +229,10 @@ def main(argv=None) -> int:
     text = markdown(meta, rows)
     print(text)
     write(args.out, "train_step", meta, rows, text)
+    if args.profile:
+        profiled = kernel_markdown(rows)
+        print(profiled)
+        write(args.out, "train_step_kernels", meta, [], profiled)
     return 0
 
 
