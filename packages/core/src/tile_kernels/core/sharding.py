@@ -10,9 +10,11 @@ that lacks a sharded factor (a norm's weight) is whole on every device, and its 
 partial gradients. Factors outside `split` (a norm's width, cross_entropy's classes, softmax's dim, rotary's head
 dim) must be whole on every device: an input sharded along one is gathered first, visibly, never computed wrongly.
 
-`RULES` holds one rule per registered op, for its public call; the adapters carry it into their kernel-level ops
-(torch: DTensor sharding strategies; JAX: shard_map with sharding in types, custom_partitioning under jit), and
-tests/test_distributed.py checks both frameworks against the float64 references from this table.
+`KERNELS` states these facts once for every kernel-level call (torch's tile_kernels::*_fwd / *_bwd ops, the JAX
+adapters' calls of the same plans), and the adapters carry them into their frameworks (torch: DTensor sharding
+strategies; JAX: shard_map with sharding in types, custom_partitioning under jit). `RULES` holds one rule per
+registered op for its public call, most read off its forward kernel's facts; tests/test_distributed.py checks both
+frameworks against the float64 references from this table.
 """
 
 from __future__ import annotations
@@ -69,18 +71,189 @@ def output_dims(spec: str, lead: int) -> tuple[str, ...]:
     return dims(spec, len(spec.split()) - 1 + lead if ELLIPSIS in spec.split() else len(spec.split()))
 
 
-# ------------------------------------------------------------------------------------------------------ per-op rules
+# ------------------------------------------------------------------------------------------- kernel-level calls
+
+COUNT = "c"  # the count of counted rows, a (1,) tensor (JAX's problem-batched calls carry one a problem, along p)
+ROWS = "... n"  # rows of width n
 
 
-def _norm(kwargs) -> Split:
-    args = {"x": "... n", "weight": "n"}
-    if kwargs.get("bias") is not None:
-        args["bias"] = "n"
-    outputs = ("... n",)
-    if kwargs.get("residual") is not None:
-        args["residual"] = "... n"
-        outputs += ("... n",)  # h = x + residual
-    return Split(args, outputs, split=(ELLIPSIS,))
+@dataclass(frozen=True)
+class Kernel:
+    """The row-local facts of one kernel-level call (torch's op tile_kernels::<name>, the JAX adapter's call of the
+    same plan), in Split's terms. Arrays are named as the op's schema names them and listed in its order, which the
+    JAX calls follow (they take arrays positionally); the optional arrays these options leave out are not listed.
+    Outputs are listed in the order the call returns them. A spec of None is an empty placeholder where these options
+    compute nothing: torch's ops take and return it (replicated), JAX's calls leave it out."""
+
+    args: Mapping[str, str | None]  # array argument name -> factor spec
+    outputs: Mapping[str, str | None]  # output name -> factor spec
+    split: tuple[str, ...]
+    reductions: Mapping[str, str] = field(default_factory=dict)  # a reduced loss -> "sum" | "mean" (others: sums)
+    linear: tuple[str, ...] = ()  # inputs read linearly or not at all: they may come as partial sums
+
+
+def _present(specs: dict, **given: bool) -> dict:
+    """specs without the optional arrays that `given` says are absent."""
+    return {name: spec for name, spec in specs.items() if given.get(name, True)}
+
+
+# norms: rows split, the width whole (weight and bias whole on every device, their gradients the devices' partial
+# sums); h = x + residual, a placeholder without a residual
+
+
+def _rms_norm_fwd(residual: bool = False) -> Kernel:
+    args = _present({"x": ROWS, "weight": "n", "residual": ROWS}, residual=residual)
+    return Kernel(args, {"y": ROWS, "h": ROWS if residual else None, "rstd": ELLIPSIS}, split=(ELLIPSIS,))
+
+
+def _layer_norm_fwd(bias: bool = False, residual: bool = False) -> Kernel:
+    args = _present({"x": ROWS, "weight": "n", "bias": "n", "residual": ROWS}, bias=bias, residual=residual)
+    outputs = {"y": ROWS, "h": ROWS if residual else None, "mean": ELLIPSIS, "rstd": ELLIPSIS}
+    return Kernel(args, outputs, split=(ELLIPSIS,))
+
+
+def _rms_norm_bwd(dh: bool = False) -> Kernel:
+    args = _present({"dy": ROWS, "h": ROWS, "weight": "n", "rstd": ELLIPSIS, "dh": ROWS}, dh=dh)
+    return Kernel(args, {"dx": ROWS, "dweight": "n"}, split=(ELLIPSIS,))
+
+
+def _layer_norm_bwd(bias: bool = False, dh: bool = False) -> Kernel:
+    args = _present({"dy": ROWS, "h": ROWS, "weight": "n", "mean": ELLIPSIS, "rstd": ELLIPSIS, "dh": ROWS}, dh=dh)
+    return Kernel(args, {"dx": ROWS, "dweight": "n", "dbias": "n" if bias else None}, split=(ELLIPSIS,))
+
+
+def _alike(spec: str, args: str, outputs: str) -> Kernel:
+    """Every array and output of one spec, its leading dims split."""
+    return Kernel(dict.fromkeys(args.split(), spec), dict.fromkeys(outputs.split(), spec), split=(ELLIPSIS,))
+
+
+def _rotary(rotated: str, result: str) -> Kernel:
+    """Batch, sequence and heads; the sequence as cos/sin are cut (position i of a piece is row i of its table
+    piece); the head dim pairs elements across it, so it stays whole."""
+    x = "b s h d"
+    return Kernel({rotated: x, "cos": "s e", "sin": "s e"}, {result: x}, split=("b", "s", "h"))
+
+
+def _reduced(reduction: str) -> dict:
+    return {} if reduction == "none" else {"loss": reduction}
+
+
+def _cross_entropy_fwd(reduction: str) -> Kernel:
+    """Rows split, classes whole; a reduced loss and the count are the devices' partial results."""
+    outputs = {"loss": "r" if reduction == "none" else "", "lse": "r", "count": COUNT}
+    return Kernel({"logits": "r v", "target": "r"}, outputs, ("r",), _reduced(reduction))
+
+
+def _cross_entropy_bwd(reduction: str) -> Kernel:
+    """Row-local given the whole count, which only a mean reads."""
+    args = {"dloss": "r" if reduction == "none" else "", "logits": "r v", "target": "r", "lse": "r", "count": COUNT}
+    return Kernel(args, {"dlogits": "r v"}, ("r",), linear=() if reduction == "mean" else ("count",))
+
+
+def _gradients(grad_hidden: bool, grad_weight: bool) -> dict:
+    """dhidden by rows; dweight, of the weight whole on every device, the devices' partial sums."""
+    return {"dhidden": "r k" if grad_hidden else None, "dweight": "v k" if grad_weight else None}
+
+
+def _fused_linear_cross_entropy_fwd(reduction: str, grad_hidden: bool = False, grad_weight: bool = False) -> Kernel:
+    """Rows split, the weight whole; for sum/mean also the unscaled gradients asked for."""
+    reduced = reduction != "none"
+    outputs = {"loss": "" if reduced else "r", "lse": "r", "count": COUNT}
+    outputs |= _gradients(reduced and grad_hidden, reduced and grad_weight)
+    return Kernel({"hidden": "r k", "weight": "v k", "target": "r"}, outputs, ("r",), _reduced(reduction))
+
+
+def _fused_linear_cross_entropy_bwd(grad_hidden: bool = False, grad_weight: bool = False) -> Kernel:
+    """Reduction 'none': the chunks recomputed from the per-row cotangent."""
+    args = {"dloss": "r", "hidden": "r k", "weight": "v k", "target": "r", "lse": "r"}
+    return Kernel(args, _gradients(grad_hidden, grad_weight), ("r",))
+
+
+def _fused_linear_cross_entropy_scale_(reduction: str, grad_hidden: bool = True, grad_weight: bool = True) -> Kernel:
+    """Sum/mean: the forward's gradients times dloss (or dloss / count), in place, as they are placed (a partial sum
+    scaled is the scaled sum's part). Its outputs are the gradients it updates (torch's op returns nothing)."""
+    grads = _gradients(grad_hidden, grad_weight)
+    linear = ("dweight",) * grad_weight + ("count",) * (reduction != "mean")  # only a mean reads the count
+    return Kernel({"dloss": "", "count": COUNT, **grads}, grads, ("r",), linear=linear)
+
+
+def _attention_heads(heads_q: int, heads_k: int) -> tuple[str, tuple[str, ...]]:
+    """The key/value heads' factor, and the heads that may split: q's with k/v's when they have as many (a GQA group
+    would have to be cut with its key/value head, which one factor per dim cannot say: there no head splits)."""
+    return ("h", ("h",)) if heads_q == heads_k else ("g", ())
+
+
+def _flash_attention_fwd(heads_q: int, heads_k: int) -> Kernel:
+    """Batch, and heads as _attention_heads says; the sequences and the head dim stay whole; lse (B, Hq, Sq) follows
+    q."""
+    g, heads = _attention_heads(heads_q, heads_k)
+    q, kv = "b s h d", f"b t {g} d"
+    return Kernel({"q": q, "k": kv, "v": kv}, {"out": q, "lse": "b h s"}, ("b", *heads))
+
+
+def _flash_attention_bwd(heads_q: int, heads_k: int) -> Kernel:
+    g, heads = _attention_heads(heads_q, heads_k)
+    q, kv = "b s h d", f"b t {g} d"
+    args = {"dout": q, "q": q, "k": kv, "v": kv, "out": q, "lse": "b h s"}
+    return Kernel(args, {"dq": q, "dk": kv, "dv": kv}, ("b", *heads))
+
+
+def _decode_attention_fwd(heads_q: int, heads_k: int, q_ndim: int, paged: bool = False) -> Kernel:
+    """Contiguous caches: as flash_attention. Paged caches: the page pool (n pages) is shared by the whole batch (any
+    row's block table may point anywhere in it), so the batch stays whole; heads split as _attention_heads says."""
+    g, heads = _attention_heads(heads_q, heads_k)
+    q = "b s h d" if q_ndim == 4 else "b h d"  # s: the new tokens, whole (causal among them)
+    cache = f"{'n' if paged else 'b'} t {g} d"
+    args = {"q": q, "k_cache": cache, "v_cache": cache, "cache_seqlens": "b", "block_table": "b m"}
+    return Kernel(_present(args, block_table=paged), {"out": q}, heads if paged else ("b", *heads))
+
+
+def _mla_decode_fwd(paged: bool = False) -> Kernel:
+    """Heads freely (the latent cache is one row a position, shared by every head, so it stays whole on each device);
+    the batch with contiguous caches, not with a paged pool (shared by the batch, as decode_attention's). lse (B, H)
+    follows q."""
+    pages = "n" if paged else "b"
+    args = {"q_nope": "b h c", "q_pe": "b h r", "kv_c": f"{pages} t c", "k_pe": f"{pages} t r"}
+    args |= {"cache_seqlens": "b", "block_table": "b m"}
+    return Kernel(_present(args, block_table=paged), {"out": "b h c", "lse": "b h"}, ("h",) if paged else ("b", "h"))
+
+
+KERNELS: dict[str, Callable[..., Kernel]] = {
+    "rms_norm_fwd": _rms_norm_fwd,
+    "rms_norm_bwd": _rms_norm_bwd,
+    "layer_norm_fwd": _layer_norm_fwd,
+    "layer_norm_bwd": _layer_norm_bwd,
+    # softmax over the last dim: every other dim is row-local (other dims reach it moved last)
+    "softmax_fwd": lambda: _alike(ROWS, "x", "y"),
+    "softmax_bwd": lambda: _alike(ROWS, "y dy", "dx"),
+    # swiglu is elementwise: every dim, the last one too
+    "swiglu_fwd": lambda: _alike(ELLIPSIS, "gate up", "y"),
+    "swiglu_bwd": lambda: _alike(ELLIPSIS, "dy gate up", "dgate dup"),
+    "apply_rotary_fwd": lambda: _rotary("x", "y"),
+    "apply_rotary_bwd": lambda: _rotary("dy", "dx"),
+    "cross_entropy_fwd": _cross_entropy_fwd,
+    "cross_entropy_bwd": _cross_entropy_bwd,
+    "fused_linear_cross_entropy_fwd": _fused_linear_cross_entropy_fwd,
+    "fused_linear_cross_entropy_bwd": _fused_linear_cross_entropy_bwd,
+    "fused_linear_cross_entropy_scale_": _fused_linear_cross_entropy_scale_,
+    "flash_attention_fwd": _flash_attention_fwd,
+    "flash_attention_bwd": _flash_attention_bwd,
+    "decode_attention_fwd": _decode_attention_fwd,
+    "mla_decode_fwd": _mla_decode_fwd,
+}
+
+# ------------------------------------------------------------------------------------------- public calls' rules
+
+
+def _public(kernel: Kernel, *outputs: str) -> Split:
+    """The rule of a public call that takes its forward kernel's arrays and returns these of its outputs."""
+    kept = [name for name in outputs if kernel.outputs[name] is not None]
+    reductions = {i: kernel.reductions[name] for i, name in enumerate(kept) if name in kernel.reductions}
+    return Split(dict(kernel.args), tuple(kernel.outputs[name] for name in kept), kernel.split, reductions)
+
+
+def _given(kwargs, name: str) -> bool:
+    return kwargs.get(name) is not None
 
 
 def _softmax(kwargs) -> Split:
@@ -93,78 +266,28 @@ def _softmax(kwargs) -> Split:
     return Split({"x": spec}, (spec,), split=tuple(n for n in names if n != "n"))
 
 
-def _swiglu(kwargs) -> Split:
-    """Elementwise: every dim, the last one too."""
-    return Split({"gate": ELLIPSIS, "up": ELLIPSIS}, (ELLIPSIS,), split=(ELLIPSIS,))
-
-
-def _rotary(kwargs) -> Split:
-    """Batch and heads freely; the sequence when cos/sin are cut the same way (position i of a piece is row i of its
-    table piece); the head dim pairs elements across it, so it stays whole."""
-    return Split({"x": "b s h d", "cos": "s e", "sin": "s e"}, ("b s h d",), split=("b", "s", "h"))
-
-
-def _flash_attention(kwargs) -> Split:
-    """Batch, and heads when q and k/v have as many (a GQA group would have to be cut with its key/value head, which
-    one factor per dim cannot say: there only the batch splits); the sequences and the head dim stay whole."""
-    mha = kwargs["q"].shape[2] == kwargs["k"].shape[2]
-    kv = "b t h d" if mha else "b t g d"
-    return Split({"q": "b s h d", "k": kv, "v": kv}, ("b s h d",), split=("b", "h") if mha else ("b",))
-
-
 def _decode_attention(kwargs) -> Split:
-    """Contiguous caches: batch, and heads when q and the caches have as many (as flash_attention). Paged caches: the
-    page pool (n pages) is shared by the whole batch (any row's block table may point anywhere in it), so the batch
-    stays whole; heads split when q and the pool have as many, else nothing does."""
-    q = "b s h d" if len(kwargs["q"].shape) == 4 else "b h d"  # s: the new tokens, whole (causal among them)
-    mha = kwargs["q"].shape[-2] == kwargs["k_cache"].shape[2]
-    heads = "h d" if mha else "g d"
-    args = {"q": q, "cache_seqlens": "b"}
-    if kwargs.get("block_table") is not None:
-        args |= {"k_cache": f"n t {heads}", "v_cache": f"n t {heads}", "block_table": "b m"}
-        return Split(args, (q,), split=("h",) if mha else ())
-    args |= {"k_cache": f"b t {heads}", "v_cache": f"b t {heads}"}
-    return Split(args, (q,), split=("b", "h") if mha else ("b",))
+    q, k_cache = kwargs["q"].shape, kwargs["k_cache"].shape
+    return _public(_decode_attention_fwd(q[-2], k_cache[2], len(q), _given(kwargs, "block_table")), "out")
 
 
 def _mla_decode(kwargs) -> Split:
-    """Heads freely (the latent cache is one row a position, shared by every head, so it stays whole on each device);
-    the batch with contiguous caches, not with a paged pool (shared by the batch, as decode_attention's)."""
-    args = {"q_nope": "b h c", "q_pe": "b h r", "cache_seqlens": "b"}
-    outputs = ("b h c", "b h") if kwargs.get("return_lse") else ("b h c",)
-    if kwargs.get("block_table") is not None:
-        args |= {"kv_c": "n t c", "k_pe": "n t r", "block_table": "b m"}
-        return Split(args, outputs, split=("h",))
-    return Split(args | {"kv_c": "b t c", "k_pe": "b t r"}, outputs, split=("b", "h"))
-
-
-def _loss(kwargs, args: dict) -> Split:
-    reduction = kwargs.get("reduction", "mean")
-    if reduction == "none":
-        return Split(args, ("r",), split=("r",))
-    return Split(args, ("",), split=("r",), reductions={0: reduction})
-
-
-def _cross_entropy(kwargs) -> Split:
-    return _loss(kwargs, {"logits": "r v", "target": "r"})
-
-
-def _fused_linear_cross_entropy(kwargs) -> Split:
-    """Rows split; the weight (V, H) is whole everywhere, so its gradient is a sum of per-device partials."""
-    return _loss(kwargs, {"hidden": "r k", "weight": "v k", "target": "r"})
+    return _public(_mla_decode_fwd(_given(kwargs, "block_table")), "out", *["lse"] * bool(kwargs.get("return_lse")))
 
 
 RULES: dict[str, Callable[[Mapping[str, Any]], Split]] = {
-    "rms_norm": _norm,
-    "layer_norm": _norm,
+    "rms_norm": lambda kwargs: _public(_rms_norm_fwd(_given(kwargs, "residual")), "y", "h"),
+    "layer_norm": lambda kwargs: _public(_layer_norm_fwd(_given(kwargs, "bias"), _given(kwargs, "residual")), "y", "h"),
     "softmax": _softmax,
-    "swiglu": _swiglu,
-    "apply_rotary": _rotary,
-    "flash_attention": _flash_attention,
+    "swiglu": lambda kwargs: _public(KERNELS["swiglu_fwd"](), "y"),
+    "apply_rotary": lambda kwargs: _public(KERNELS["apply_rotary_fwd"](), "y"),
+    "flash_attention": lambda kwargs: _public(_flash_attention_fwd(kwargs["q"].shape[2], kwargs["k"].shape[2]), "out"),
     "decode_attention": _decode_attention,
     "mla_decode": _mla_decode,
-    "cross_entropy": _cross_entropy,
-    "fused_linear_cross_entropy": _fused_linear_cross_entropy,
+    "cross_entropy": lambda kwargs: _public(_cross_entropy_fwd(kwargs.get("reduction", "mean")), "loss"),
+    "fused_linear_cross_entropy": lambda kwargs: _public(
+        _fused_linear_cross_entropy_fwd(kwargs.get("reduction", "mean")), "loss"
+    ),
 }
 
 

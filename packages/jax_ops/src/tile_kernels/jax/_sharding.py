@@ -1,7 +1,7 @@
-"""The row-local rules of tile_kernels.core.sharding, carried into JAX's sharding for the kernel-level calls.
+"""The row-local facts of tile_kernels.core.sharding.KERNELS, carried into JAX's sharding for the kernel-level calls.
 
-`row_local(op, call, ins, outs, split)` wraps a kernel call `call(*arrays) -> list of arrays` whose arrays and
-outputs are named dim by dim by the factor specs `ins` / `outs`. Arrays sharded along factors in `split` stay sharded:
+`row_local(op, call, kernel)` wraps a kernel call `call(*arrays) -> list of arrays` whose arrays and outputs the
+kernel's facts name dim by dim (factor specs). Arrays sharded along the kernel's split factors stay sharded:
   * sharding in types (a mesh with Explicit axes): the call runs inside a shard_map over the mesh, split factors
     sharded, the rest replicated; an array sharded along another factor is resharded first (a gather, visible in
     the program);
@@ -21,6 +21,7 @@ fully supported. `PARTITION_IN_INTERPRET_MODE` lets tests compile (never run) th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from tile_kernels.core import sharding
 
-from ._runtime import mode
+from ._runtime import mode, problem_batched
 
 PARTITION_IN_INTERPRET_MODE = False  # tests only: compiling works, running would crash (see above)
 
@@ -243,13 +244,13 @@ def _problems(factors: tuple, shape: tuple, problems: int) -> tuple:
     return factors
 
 
-def row_local(
-    op: str, call: Callable, ins: Sequence[str], outs: Sequence[str], split: Sequence[str],
-    sharded_body: Callable | None = None,
-) -> Callable:  # fmt: skip
-    """`call` with the row-local rule (factor specs of its inputs and outputs, the factors that may split) applied
-    to sharded arrays, as the module docstring describes. Factor p is the problem axis a vmap folds into (problems
-    are independent: it may always split); q leads a shareable argument (one entry, or one per problem)."""
+def row_local(op: str, call: Callable, kernel: sharding.Kernel, sharded_body: Callable | None = None) -> Callable:
+    """`call`, which takes the kernel's arrays in its order and returns its outputs but the placeholders, with the
+    kernel's row-local rule applied to sharded arrays, as the module docstring describes. Factor p is the problem axis
+    a vmap folds into (problems are independent: it may always split); q leads a shareable argument (one entry, or
+    one per problem)."""
+    ins = tuple(kernel.args.values())
+    outs = tuple(spec for spec in kernel.outputs.values() if spec is not None)
     call = _varying(call)
 
     def wrapped(*arrays):
@@ -259,7 +260,7 @@ def row_local(
         problems = next((a.shape[0] for d, a in zip(in_dims, arrays) if d[:1] == (PROBLEMS,)), 0)
         in_dims = tuple(_problems(d, a.shape, problems) for d, a in zip(in_dims, arrays))
         sizes = {f: n for factors, a in zip(in_dims, arrays) for f, n in zip(factors, a.shape)}
-        allowed = frozenset(sharding.split_factors(tuple(split) + (PROBLEMS,), sizes))
+        allowed = frozenset(sharding.split_factors(kernel.split + (PROBLEMS,), sizes))
         layout = _Layout(in_dims, tuple(sharding.output_dims(s, lead) for s in outs), sizes, allowed)
         explicit = [_explicit(a) for a in arrays]
         if any(e is not None for e in explicit):
@@ -269,3 +270,20 @@ def row_local(
         return list(call(*arrays))
 
     return wrapped
+
+
+def batched_row_local(
+    op: str, call: Callable, kernel: sharding.Kernel, shared: tuple[str, ...] = (),
+    sharded_body: Callable | None = None,
+) -> Callable:  # fmt: skip
+    """row_local of a call whose arrays and outputs all lead with the problem axis p, in `problem_batched`'s
+    custom_vmap (a vmap folds into p). The arrays named in `shared` lead with q instead (one entry for all problems,
+    or one per problem: a weight); the count, one number a problem, is p itself."""
+
+    def led(spec: str | None, axis: str = PROBLEMS) -> str | None:
+        return None if spec is None else PROBLEMS if spec == sharding.COUNT else f"{axis} {spec}".rstrip()
+
+    args = {name: led(spec, SHARED if name in shared else PROBLEMS) for name, spec in kernel.args.items()}
+    outputs = {name: led(spec) for name, spec in kernel.outputs.items()}
+    rule = row_local(op, call, dataclasses.replace(kernel, args=args, outputs=outputs), sharded_body)
+    return problem_batched(rule, shareable=tuple(name in shared for name in args))

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 
 from tile_kernels.core import cross_entropy as core
-from tile_kernels.core import dtype_name
+from tile_kernels.core import dtype_name, sharding
 
-from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
-from ._sharding import psum, row_local
+from ._runtime import jit_when_eager, mode, run_plan, target
+from ._sharding import batched_row_local, psum
 
 
 def _settings(kind, logits3, labels2, ignore_index, reduction, label_smoothing):
@@ -42,26 +42,20 @@ def _forward_call(ignore_index: int, reduction: str, label_smoothing: float):
 
         return body
 
-    # rows are row-local, classes whole (core.sharding); a summed loss and the count are summed over the pieces
-    loss = "p" if reduction != "none" else "p r"
-    rule = row_local(core.NAME, call, ["p r v", "p r"], [loss, "p r", "p"], ["r"],
-                     sharded_body=sharded_mean if reduction == "mean" else None)  # fmt: skip
-    return problem_batched(rule, shareable=(False, False))
+    kernel = sharding.KERNELS["cross_entropy_fwd"](reduction=reduction)
+    return batched_row_local(core.NAME, call, kernel, sharded_body=sharded_mean if reduction == "mean" else None)
 
 
 @functools.cache
 def _backward_call(ignore_index: int, reduction: str, label_smoothing: float):
-    def call(logits3, labels2, lse2, dloss, count):
+    def call(dloss, logits3, labels2, lse2, count):
         kind = mode(core.NAME)
         batch, rows, classes = logits3.shape
         settings = _settings(kind, logits3, labels2, ignore_index, reduction, label_smoothing)
         plan = core.backward(batch, rows, classes, **settings)
         return [run_plan(plan, kind, logits3, labels2, lse2, dloss, count)[0]]
 
-    # row-local given the whole count (the forward sums it over the pieces)
-    dloss = "p" if reduction != "none" else "p r"
-    rule = row_local(core.NAME, call, ["p r v", "p r", "p r", dloss, "p"], ["p r v"], ["r"])
-    return problem_batched(rule, shareable=(False,) * 5)
+    return batched_row_local(core.NAME, call, sharding.KERNELS["cross_entropy_bwd"](reduction=reduction))
 
 
 def _forward(logits, labels, ignore_index, reduction, label_smoothing):
@@ -77,7 +71,7 @@ def _cross_entropy(logits, labels, ignore_index, reduction, label_smoothing):
 def _cross_entropy_bwd(ignore_index, reduction, label_smoothing, saved, dloss):
     logits, labels, lse, count = saved
     call = _backward_call(ignore_index, reduction, label_smoothing)
-    (dlogits,) = call(logits[None], labels[None], lse, dloss.reshape((1,) + dloss.shape), count)
+    (dlogits,) = call(dloss.reshape((1,) + dloss.shape), logits[None], labels[None], lse, count)
     return dlogits[0], None
 
 

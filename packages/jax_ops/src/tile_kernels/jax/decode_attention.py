@@ -5,7 +5,6 @@ page pools are stacked into one, each problem's block table offset to its own pa
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -13,8 +12,8 @@ import jax.numpy as jnp
 from tile_kernels.core import decode_attention as core
 from tile_kernels.core import dtype_name, sharding
 
-from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
-from ._sharding import row_local
+from ._runtime import jit_when_eager, mode, run_plan, target
+from ._sharding import batched_row_local
 
 
 def _fold(a: jax.Array) -> jax.Array:
@@ -40,14 +39,8 @@ def _call(scale: float, paged: bool, q_ndim: int, heads_q: int, heads_k: int):
         (out,) = run_plan(plan, kind, *inputs)
         return [out.reshape(q.shape)]
 
-    q_shape = (0, heads_q, 0) if q_ndim == 3 else (0, 0, heads_q, 0)
-    shapes = {"q": SimpleNamespace(shape=q_shape), "k_cache": SimpleNamespace(shape=(0, 0, heads_k, 0)),
-              "block_table": SimpleNamespace(shape=(0, 0)) if paged else None}  # fmt: skip
-    rule = sharding.rule(core.NAME, shapes)  # reads only q's rank, the head counts and whether the cache is paged
-    names = ["q", "k_cache", "v_cache", "cache_seqlens"] + (["block_table"] if paged else [])
-    ins = [f"p {rule.args[name]}" for name in names]
-    outs = [f"p {rule.outputs[0]}"]
-    return problem_batched(row_local(core.NAME, call, ins, outs, list(rule.split)), (False,) * len(names))
+    kernel = sharding.KERNELS["decode_attention_fwd"](heads_q, heads_k, q_ndim, paged)
+    return batched_row_local(core.NAME, call, kernel)
 
 
 @jit_when_eager("q", "k_cache", "v_cache", "cache_seqlens", "block_table")

@@ -6,7 +6,6 @@ for every backend."""
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
 
 import jax
 
@@ -14,15 +13,8 @@ from tile_kernels.core import backends, dtype_name, sharding
 from tile_kernels.core import flash_attention as core
 
 from ._calls import cuda_arch, platform, run_calls
-from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
-from ._sharding import row_local
-
-
-def _layout(heads_q: int, heads_k: int) -> tuple[str, list[str]]:
-    """The key/value spec and split factors of core.sharding's rule (it reads only the head counts)."""
-    shapes = {"q": SimpleNamespace(shape=(0, 0, heads_q, 0)), "k": SimpleNamespace(shape=(0, 0, heads_k, 0))}
-    rule = sharding.rule(core.NAME, shapes)
-    return rule.args["k"], list(rule.split)
+from ._runtime import jit_when_eager, mode, run_plan, target
+from ._sharding import batched_row_local
 
 
 def _problem(a: jax.Array) -> jax.Array:
@@ -47,14 +39,12 @@ def _forward_call(
             out, lse = run_plan(plan, kind, _problem(q5), _problem(k5), _problem(v5))
         return [out.reshape(q5.shape), lse.reshape((problems, batch, hq, seqlen_q))]
 
-    kv, split = _layout(heads_q, heads_k)
-    rule = row_local(core.NAME, call, ["p b s h d", f"p {kv}", f"p {kv}"], ["p b s h d", "p b h s"], split)
-    return problem_batched(rule, shareable=(False, False, False))
+    return batched_row_local(core.NAME, call, sharding.KERNELS["flash_attention_fwd"](heads_q, heads_k))
 
 
 @functools.cache
 def _backward_call(causal: bool, window: tuple[int, int], scale: float, softcap: float, heads_q: int, heads_k: int):
-    def call(q5, k5, v5, out5, do5, lse4):
+    def call(do5, q5, k5, v5, out5, lse4):
         kind = mode(core.NAME)
         problems, batch, seqlen_q, hq, head_dim = q5.shape
         plan = core.backward(problems * batch, seqlen_q, k5.shape[2], hq, k5.shape[3], head_dim,
@@ -64,10 +54,7 @@ def _backward_call(causal: bool, window: tuple[int, int], scale: float, softcap:
         dq, dk, dv = run_plan(plan, kind, *map(_problem, (q5, k5, v5, out5, do5)), lse)
         return [dq.reshape(q5.shape), dk.reshape(k5.shape), dv.reshape(v5.shape)]
 
-    kv, split = _layout(heads_q, heads_k)
-    ins = ["p b s h d", f"p {kv}", f"p {kv}", "p b s h d", "p b s h d", "p b h s"]
-    rule = row_local(core.NAME, call, ins, ["p b s h d", f"p {kv}", f"p {kv}"], split)
-    return problem_batched(rule, shareable=(False,) * 6)
+    return batched_row_local(core.NAME, call, sharding.KERNELS["flash_attention_bwd"](heads_q, heads_k))
 
 
 def _options(q, k, causal, window, scale, softcap):
@@ -88,7 +75,7 @@ def _flash_attention(q, k, v, causal, window, scale, softcap, backend):
 def _flash_attention_bwd(causal, window, scale, softcap, _backend, saved, dout):  # Triton's for every backend
     q, k, v, out, lse = saved
     call = _backward_call(*_options(q, k, causal, window, scale, softcap))
-    dq, dk, dv = call(q[None], k[None], v[None], out[None], dout.astype(q.dtype)[None], lse[None])
+    dq, dk, dv = call(dout.astype(q.dtype)[None], q[None], k[None], v[None], out[None], lse[None])
     return dq[0], dk[0], dv[0]
 
 

@@ -9,7 +9,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from tile_kernels.core import dtype_name
+from tile_kernels.core import dtype_name, sharding
 from tile_kernels.core import fused_linear_cross_entropy as core
 
 from ._runtime import jit_when_eager, mode, run_plan, target
@@ -23,14 +23,16 @@ def _settings(kind, hidden, labels, ignore_index, chunk_size):
 
 @functools.cache
 def _forward_call(ignore_index: int, reduction: str, chunk_size: int | None, grads: bool):
-    """(loss, lse, count, dhidden, dweight) as the core forward plan returns them."""
+    """(loss, lse, count[, dhidden, dweight]) of the core forward plan, as core.sharding's facts name them: a reduced
+    loss 0-d (as torch's op returns it), the gradients only when computed."""
 
     def call(hidden, weight, labels, reduction=reduction):
         kind = mode(core.NAME)
         (rows, dim), classes = hidden.shape, weight.shape[0]
         plan = core.forward(rows, classes, dim, reduction=reduction, grad_hidden=grads, grad_weight=grads,
                             **_settings(kind, hidden, labels, ignore_index, chunk_size))  # fmt: skip
-        return list(run_plan(plan, kind, hidden, weight, labels))
+        loss, lse, count, *gradients = run_plan(plan, kind, hidden, weight, labels)
+        return [loss.reshape(()) if reduction != "none" else loss, lse, count, *(gradients if grads else [])]
 
     def sharded_mean(call, split):
         """Rows split: the mean is the summed loss over the summed count (the count goes on to the backward's
@@ -40,19 +42,17 @@ def _forward_call(ignore_index: int, reduction: str, chunk_size: int | None, gra
             return None
 
         def body(hidden, weight, labels):
-            loss, lse, count, dhidden, dweight = call(hidden, weight, labels, reduction="sum")
+            loss, lse, count, *gradients = call(hidden, weight, labels, reduction="sum")
             count = psum(count, axes)
-            loss = (psum(loss.astype(jnp.float32), axes) / count).astype(loss.dtype)
-            return [loss, lse, count, dhidden, psum(dweight, axes) if grads else dweight]
+            loss = (psum(loss.astype(jnp.float32), axes) / count[0]).astype(loss.dtype)
+            if gradients:  # dweight lacks the rows: the pieces' partial sums add up
+                gradients[1] = psum(gradients[1], axes)
+            return [loss, lse, count, *gradients]
 
         return body
 
-    # rows are row-local, weight and width whole (core.sharding); c: the one element of a reduced loss and the count;
-    # z: the empty rows of the gradients' placeholders when they are not computed
-    grad_specs = ["r k", "v k"] if grads else ["z k", "z k"]
-    outs = ["c" if reduction != "none" else "r", "r", "c", *grad_specs]
-    rule = row_local(core.NAME, call, ["r k", "v k", "r"], outs, ["r"],
-                     sharded_body=sharded_mean if reduction == "mean" else None)  # fmt: skip
+    kernel = sharding.KERNELS["fused_linear_cross_entropy_fwd"](reduction, grad_hidden=grads, grad_weight=grads)
+    rule = row_local(core.NAME, call, kernel, sharded_body=sharded_mean if reduction == "mean" else None)
     return jax.custom_batching.sequential_vmap(rule)
 
 
@@ -67,9 +67,8 @@ def _backward_call(ignore_index: int, chunk_size: int | None):
                              **_settings(kind, hidden, labels, ignore_index, chunk_size))  # fmt: skip
         return list(run_plan(plan, kind, dloss, hidden, weight, labels, lse))
 
-    # row-local; dweight lacks the rows: the pieces' partial sums add up
-    rule = row_local(core.NAME, call, ["r", "r k", "v k", "r", "r"], ["r k", "v k"], ["r"])
-    return jax.custom_batching.sequential_vmap(rule)
+    kernel = sharding.KERNELS["fused_linear_cross_entropy_bwd"](grad_hidden=True, grad_weight=True)
+    return jax.custom_batching.sequential_vmap(row_local(core.NAME, call, kernel))
 
 
 @functools.cache
@@ -92,26 +91,21 @@ def _scale_call(reduction: str):
 
         return body
 
-    # elementwise: nothing to combine
-    rule = row_local(core.NAME, call, ["", "c", "r k", "v k"], ["r k", "v k"], ["r"], sharded_body=sharded)
-    return jax.custom_batching.sequential_vmap(rule)
-
-
-def _loss(loss, reduction):
-    return loss.reshape(()) if reduction != "none" else loss
+    kernel = sharding.KERNELS["fused_linear_cross_entropy_scale_"](reduction=reduction)
+    return jax.custom_batching.sequential_vmap(row_local(core.NAME, call, kernel, sharded_body=sharded))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _fused(hidden, weight, labels, ignore_index, reduction, chunk_size):
-    return _loss(_forward_call(ignore_index, reduction, chunk_size, False)(hidden, weight, labels)[0], reduction)
+    return _forward_call(ignore_index, reduction, chunk_size, False)(hidden, weight, labels)[0]
 
 
 def _fused_fwd(hidden, weight, labels, ignore_index, reduction, chunk_size):
-    loss, lse, count, dhidden, dweight = _forward_call(ignore_index, reduction, chunk_size, reduction != "none")(
+    loss, lse, count, *gradients = _forward_call(ignore_index, reduction, chunk_size, reduction != "none")(
         hidden, weight, labels
     )
-    saved = (hidden, weight, labels, lse) if reduction == "none" else (count, dhidden, dweight)
-    return _loss(loss, reduction), saved
+    saved = (hidden, weight, labels, lse) if reduction == "none" else (count, *gradients)
+    return loss, saved
 
 
 def _fused_bwd(ignore_index, reduction, chunk_size, saved, dloss):

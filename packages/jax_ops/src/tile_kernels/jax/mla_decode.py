@@ -11,8 +11,8 @@ import jax.numpy as jnp
 from tile_kernels.core import dtype_name, sharding
 from tile_kernels.core import mla_decode as core
 
-from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
-from ._sharding import row_local
+from ._runtime import jit_when_eager, mode, run_plan, target
+from ._sharding import batched_row_local
 
 
 def _fold(a):
@@ -36,11 +36,7 @@ def _call(scale: float, paged: bool):
         out, lse = run_plan(plan, kind, *inputs)
         return [out.reshape(q_nope.shape), lse.reshape(q_nope.shape[:-1])]
 
-    rule = sharding.rule(core.NAME, {"block_table": () if paged else None, "return_lse": True})
-    names = ["q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens"] + (["block_table"] if paged else [])
-    ins = [f"p {rule.args[name]}" for name in names]
-    outs = [f"p {spec}" for spec in rule.outputs]
-    return problem_batched(row_local(core.NAME, call, ins, outs, list(rule.split)), (False,) * len(names))
+    return batched_row_local(core.NAME, call, sharding.KERNELS["mla_decode_fwd"](paged))
 
 
 @jit_when_eager("q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens", "block_table")

@@ -11,13 +11,13 @@ import math
 import jax
 import jax.numpy as jnp
 
-from tile_kernels.core import backends, dtype_name, norms
+from tile_kernels.core import backends, dtype_name, norms, sharding
 from tile_kernels.core import layer_norm as layer_core
 from tile_kernels.core import rms_norm as rms_core
 
 from ._calls import cuda_arch, platform, run_calls
-from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
-from ._sharding import row_local, vary_alike
+from ._runtime import jit_when_eager, mode, run_plan, target
+from ._sharding import batched_row_local, vary_alike
 
 
 def _rows3(a: jax.Array) -> jax.Array:
@@ -48,11 +48,11 @@ def _forward_call(eps: float, is_rms: bool, has_bias: bool, has_residual: bool, 
         outs = run_plan(plan, kind, x, w2, *rest)  # y, [h], [mean], rstd
         return [o.reshape(x.shape if i < 1 + has_residual else x.shape[:-1]) for i, o in enumerate(outs)]
 
-    # rows are row-local, the width whole (core.sharding); p is the problem axis a vmap folds into
-    ins = ["p ... n", "q n"] + ["q n"] * has_bias + ["p ... n"] * has_residual
-    outs = ["p ... n"] * (1 + has_residual) + ["p ..."] * (1 if is_rms else 2)
-    rule = row_local("rms_norm" if is_rms else "layer_norm", call, ins, outs, ["..."])
-    return problem_batched(rule, shareable=(False, True) + (True,) * has_bias + (False,) * has_residual)
+    if is_rms:
+        kernel = sharding.KERNELS["rms_norm_fwd"](residual=has_residual)
+    else:
+        kernel = sharding.KERNELS["layer_norm_fwd"](bias=has_bias, residual=has_residual)
+    return batched_row_local("rms_norm" if is_rms else "layer_norm", call, kernel, shared=("weight", "bias"))
 
 
 @functools.cache
@@ -75,11 +75,11 @@ def _backward_call(is_rms: bool, has_bias: bool, has_dh: bool, backend: str):
         dx, *dparams = run_plan(plan, kind, dy, h, w2, *stats_and_dh)  # dx, dweight, [dbias]
         return [dx.reshape(h.shape), *dparams]
 
-    stats = 1 if is_rms else 2
-    # dweight / dbias lack the rows: with rows split, each piece's partial sums add up (psum)
-    ins = ["p ... n", "p ... n", "q n"] + ["p ..."] * stats + ["p ... n"] * has_dh
-    rule = row_local("rms_norm" if is_rms else "layer_norm", call, ins, ["p ... n"] + ["p n"] * (1 + has_bias), ["..."])
-    return problem_batched(rule, shareable=(False, False, True) + (False,) * (stats + has_dh))
+    if is_rms:
+        kernel = sharding.KERNELS["rms_norm_bwd"](dh=has_dh)
+    else:
+        kernel = sharding.KERNELS["layer_norm_bwd"](bias=has_bias, dh=has_dh)
+    return batched_row_local("rms_norm" if is_rms else "layer_norm", call, kernel, shared=("weight",))
 
 
 def _forward(x, weight, bias, residual, eps, is_rms, backend):

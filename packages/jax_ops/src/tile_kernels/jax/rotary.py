@@ -7,11 +7,11 @@ import functools
 
 import jax
 
-from tile_kernels.core import dtype_name
+from tile_kernels.core import dtype_name, sharding
 from tile_kernels.core import rotary as core
 
-from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
-from ._sharding import row_local
+from ._runtime import jit_when_eager, mode, run_plan, target
+from ._sharding import batched_row_local
 
 
 @functools.cache
@@ -27,9 +27,8 @@ def _rotate_call(interleaved: bool, conjugate: bool):
         x3 = x5.reshape(problems, batch * seqlen * heads, head_dim)
         return [run_plan(plan, kind, x3, cos3, sin3)[0].reshape(x5.shape)]
 
-    # batch, sequence and heads are row-local (core.sharding): a sequence piece rotates by its piece of the tables
-    rule = row_local(core.NAME, call, ["p b s h d", "q s e", "q s e"], ["p b s h d"], ["b", "s", "h"])
-    return problem_batched(rule, shareable=(False, True, True))
+    kernel = sharding.KERNELS["apply_rotary_bwd" if conjugate else "apply_rotary_fwd"]()
+    return batched_row_local(core.NAME, call, kernel, shared=("cos", "sin"))
 
 
 def _rotate(x, cos, sin, interleaved, conjugate):

@@ -7,11 +7,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-from tile_kernels.core import dtype_name
+from tile_kernels.core import dtype_name, sharding
 from tile_kernels.core import softmax as core
 
-from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
-from ._sharding import row_local
+from ._runtime import jit_when_eager, mode, run_plan, target
+from ._sharding import batched_row_local
 
 
 def _rows(x) -> int:
@@ -30,11 +30,8 @@ def _backward_call(y, dy):
     return [run_plan(plan, kind, y, dy)[0].reshape(y.shape)]
 
 
-# row-local over every dim but the last (core.sharding); p is the problem axis a vmap folds into
-_forward_batched = problem_batched(row_local(core.NAME, _forward_call, ["p ... n"], ["p ... n"], ["..."]), (False,))
-_backward_batched = problem_batched(
-    row_local(core.NAME, _backward_call, ["p ... n"] * 2, ["p ... n"], ["..."]), shareable=(False, False)
-)
+_forward_batched = batched_row_local(core.NAME, _forward_call, sharding.KERNELS["softmax_fwd"]())
+_backward_batched = batched_row_local(core.NAME, _backward_call, sharding.KERNELS["softmax_bwd"]())
 
 
 @jax.custom_vjp

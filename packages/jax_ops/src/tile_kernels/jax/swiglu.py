@@ -6,11 +6,11 @@ import math
 
 import jax
 
-from tile_kernels.core import dtype_name
+from tile_kernels.core import dtype_name, sharding
 from tile_kernels.core import swiglu as core
 
-from ._runtime import jit_when_eager, mode, problem_batched, run_plan, target
-from ._sharding import row_local, vary_alike
+from ._runtime import jit_when_eager, mode, run_plan, target
+from ._sharding import batched_row_local, vary_alike
 
 
 def _forward_call(gate, up):  # (problems, ..., n) each
@@ -25,13 +25,8 @@ def _backward_call(dy, gate, up):
     return [g.reshape(gate.shape) for g in run_plan(plan, kind, dy, gate, up)]
 
 
-# elementwise: every dim is row-local (core.sharding); p is the problem axis a vmap folds into
-_forward_batched = problem_batched(
-    row_local(core.NAME, _forward_call, ["p ..."] * 2, ["p ..."], ["..."]), shareable=(False, False)
-)
-_backward_batched = problem_batched(
-    row_local(core.NAME, _backward_call, ["p ..."] * 3, ["p ..."] * 2, ["..."]), shareable=(False, False, False)
-)
+_forward_batched = batched_row_local(core.NAME, _forward_call, sharding.KERNELS["swiglu_fwd"]())
+_backward_batched = batched_row_local(core.NAME, _backward_call, sharding.KERNELS["swiglu_bwd"]())
 
 
 @jax.custom_vjp

@@ -1,4 +1,4 @@
-"""The row-local rules of tile_kernels.core.sharding as DTensor sharding strategies of the kernel-level ops.
+"""The row-local facts of tile_kernels.core.sharding.KERNELS as DTensor sharding strategies of the kernel-level ops.
 
 Each `tile_kernels::*_fwd` / `*_bwd` op gets, through `register_sharding`, the strategies its rule allows: all
 replicated, and for every factor that may split, that factor sharded (Shard of its dim) in every input and output that
@@ -37,175 +37,92 @@ def replicated(t: DTensor) -> DTensor:
     return t.redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim)
 
 
-def _strategies(ins: list, outs: list, split: tuple[str, ...], args: tuple, linear: tuple = ()) -> list:
-    """(output placements, input placements) pairs for one mesh dim; a spec of None is a non-tensor argument (or an
-    absent optional one) among the inputs, and a placeholder output (an empty tensor) that stays replicated. Inputs
-    in `linear` (indices) may stay Partial where they lack the split factor: the kernel does not read them, or only
-    scales them in place (a partial sum scaled is the scaled sum's part)."""
-    shapes = {i: tuple(a.shape) for i, (a, s) in enumerate(zip(args, ins)) if s is not None}
-    lead = sharding.lead_count({i: s for i, s in enumerate(ins) if s is not None}, shapes)
-    in_dims = [None if s is None else sharding.dims(s, len(shapes[i])) for i, s in enumerate(ins)]
-    out_dims = [None if s is None else sharding.output_dims(s, lead) for s in outs]
-    strategies = [([Replicate()] * len(outs), [None if d is None else Replicate() for d in in_dims])]
-    for factor in sharding.split_factors(split, [f for d in in_dims if d is not None for f in d]):
-        out_placements = [
-            Replicate() if d is None else Shard(d.index(factor)) if factor in d else Partial() for d in out_dims
-        ]  # fmt: skip
-        in_placements = [
-            None if d is None else Shard(d.index(factor)) if factor in d else Partial() if i in linear else Replicate()
-            for i, d in enumerate(in_dims)
-        ]  # fmt: skip
-        strategies.append((out_placements, in_placements))
+def _strategies(kernel: sharding.Kernel, args: dict, returns: bool) -> list:
+    """(output placements, input placements) pairs for one mesh dim, from the kernel's facts and the op's positional
+    arguments by schema name. An argument the facts do not name (an option, an absent optional tensor) has no
+    placement; a placeholder (spec None) stays replicated, in and out; an input in `kernel.linear` may stay Partial
+    where it lacks the split factor. An op without returns (in place) places its inputs only."""
+    specs = {name: kernel.args[name] for name in args if kernel.args.get(name) is not None}
+    shapes = {name: tuple(args[name].shape) for name in specs}
+    lead = sharding.lead_count(specs, shapes)
+    in_dims = {name: sharding.dims(spec, len(shapes[name])) for name, spec in specs.items()}
+    outputs = kernel.outputs.values() if returns else ()
+    out_dims = [None if spec is None else sharding.output_dims(spec, lead) for spec in outputs]
+
+    def place(name: str, factor: str | None):
+        if name not in kernel.args:
+            return None
+        dims = in_dims.get(name)
+        if dims is None or factor is None:
+            return Replicate()
+        if factor in dims:
+            return Shard(dims.index(factor))
+        return Partial() if name in kernel.linear else Replicate()
+
+    strategies = [([Replicate()] * len(out_dims), [place(name, None) for name in args])]
+    # no strategy splits the rows of a mean (an average of local means is wrong): the public functions sum instead
+    split = () if "mean" in kernel.reductions.values() else kernel.split
+    for factor in sharding.split_factors(split, [f for dims in in_dims.values() for f in dims]):
+        outputs = [Replicate() if d is None else Shard(d.index(factor)) if factor in d else Partial() for d in out_dims]
+        strategies.append((outputs, [place(name, factor) for name in args]))
     return strategies
 
 
-def row_local(op, rule: Callable) -> None:
-    """Registers `rule(*args) -> (input specs, output specs, split factors[, linear inputs])` (factor specs as in
-    core.sharding, one per schema argument and per output) as the DTensor strategies of `op`."""
-    if not AVAILABLE:
-        return
+def _values(*names: str) -> Callable:
+    """Options passed as the op takes them."""
+    return lambda args: {name: args[name] for name in names}
+
+
+def _given(*names: str) -> Callable:
+    """Whether the op was given these optional tensors."""
+    return lambda args: {name: args.get(name) is not None for name in names}
+
+
+def _heads(q: str, k: str) -> Callable:
+    """The head counts of q and the keys (each array's next-to-last dim)."""
+    return lambda args: dict(heads_q=args[q].shape[-2], heads_k=args[k].shape[-2])
+
+
+# The options of each op's facts (sharding.KERNELS), read off its arguments by schema name; an op not listed takes
+# none. scale_'s gradients are (0, D) placeholders where not asked for.
+_OPTIONS = {
+    "rms_norm_fwd": _given("residual"),
+    "rms_norm_bwd": _given("dh"),
+    "layer_norm_fwd": _given("bias", "residual"),
+    "layer_norm_bwd": lambda args: dict(bias=args["has_bias"], **_given("dh")(args)),
+    "cross_entropy_fwd": _values("reduction"),
+    "cross_entropy_bwd": _values("reduction"),
+    "fused_linear_cross_entropy_fwd": _values("reduction", "grad_hidden", "grad_weight"),
+    "fused_linear_cross_entropy_bwd": _values("grad_hidden", "grad_weight"),
+    "fused_linear_cross_entropy_scale_": lambda args: dict(
+        reduction=args["reduction"], grad_hidden=args["dhidden"].shape[0] > 0, grad_weight=args["dweight"].shape[0] > 0
+    ),
+    "flash_attention_fwd": _heads("q", "k"),
+    "flash_attention_bwd": _heads("q", "k"),
+    "decode_attention_fwd": lambda args: dict(
+        **_heads("q", "k_cache")(args), q_ndim=len(args["q"].shape), paged=args["block_table"] is not None
+    ),
+    "mla_decode_fwd": lambda args: dict(paged=args["block_table"] is not None),
+}
+
+
+def _register(op, facts: Callable, options: Callable) -> None:
+    """Registers as the strategies of `op` its facts: facts(**options(its arguments by name))."""
+    names = [argument.name for argument in op._schema.arguments]
+    returns = bool(op._schema.returns)
 
     @register_sharding(op)
     def strategies(*args, **kwargs):
-        ins, outs, split, *linear = rule(*args, **kwargs)
-        return _strategies(ins, outs, split, args, *linear)
-
-
-def _opt(tensor, spec: str):
-    return None if tensor is None else spec
+        positional = dict(zip(names, args))
+        return _strategies(facts(**options(positional | kwargs)), positional, returns)
 
 
 def register_rules() -> None:
-    """Registers the strategies of every op (called by the package once the ops are defined)."""
+    """Registers the strategies of every kernel-level op of sharding.KERNELS that the package defines (called by it
+    once the ops are defined)."""
+    if not AVAILABLE:
+        return
     ops = torch.ops.tile_kernels
-    rows = ("...",)
-    # norms: rows split, the width whole; dweight / dbias lack the rows and come out Partial
-    row_local(
-        ops.rms_norm_fwd.default,
-        lambda x, weight, residual, eps: (
-            ["... n", "n", _opt(residual, "... n"), None],
-            ["... n", _opt(residual, "... n"), "..."],
-            rows,
-        ),
-    )
-    row_local(
-        ops.rms_norm_bwd.default,
-        lambda dy, h, weight, rstd, dh: (["... n", "... n", "n", "...", _opt(dh, "... n")], ["... n", "n"], rows),
-    )
-    row_local(
-        ops.layer_norm_fwd.default,
-        lambda x, weight, bias, residual, eps: (
-            ["... n", "n", _opt(bias, "n"), _opt(residual, "... n"), None],
-            ["... n", _opt(residual, "... n"), "...", "..."],
-            rows,
-        ),
-    )
-    row_local(
-        ops.layer_norm_bwd.default,
-        lambda dy, h, weight, mean, rstd, dh, has_bias: (
-            ["... n", "... n", "n", "...", "...", _opt(dh, "... n"), None],
-            ["... n", "n", "n"],
-            rows,
-        ),
-    )
-    # softmax over the last dim: every other dim is row-local (other dims reach it moved last)
-    row_local(ops.softmax_fwd.default, lambda x: (["... n"], ["... n"], rows))
-    row_local(ops.softmax_bwd.default, lambda y, dy: (["... n", "... n"], ["... n"], rows))
-    # swiglu is elementwise: every dim
-    row_local(ops.swiglu_fwd.default, lambda gate, up: (["...", "..."], ["..."], rows))
-    row_local(ops.swiglu_bwd.default, lambda dy, gate, up: (["..."] * 3, ["..."] * 2, rows))
-    # rotary: batch, sequence (with the tables cut the same way) and heads; the head dim whole
-    for op in (ops.apply_rotary_fwd.default, ops.apply_rotary_bwd.default):
-        row_local(op, lambda x, cos, sin, interleaved: (["b s h d", "s e", "s e", None], ["b s h d"], ("b", "s", "h")))
-
-    # cross_entropy: rows split, classes whole; a summed loss and the count (c: its one element) come out Partial;
-    # no strategy splits the rows of a mean (the public function sums instead); the backward is row-local given the
-    # whole count
-    def ce_fwd(logits, target, ignore_index, reduction, label_smoothing):
-        loss = "r" if reduction == "none" else ""
-        return ["r v", "r", None, None, None], [loss, "r", "c"], () if reduction == "mean" else ("r",)
-
-    def ce_bwd(dloss, logits, target, lse, count, ignore_index, reduction, label_smoothing):
-        dloss_spec = "r" if reduction == "none" else ""
-        linear = () if reduction == "mean" else (4,)  # only a mean reads the count
-        return [dloss_spec, "r v", "r", "r", "c", None, None, None], ["r v"], ("r",), linear
-
-    row_local(ops.cross_entropy_fwd.default, ce_fwd)
-    row_local(ops.cross_entropy_bwd.default, ce_bwd)
-    if hasattr(ops, "fused_linear_cross_entropy_fwd"):
-        _register_fused_linear_cross_entropy(ops)
-    if hasattr(ops, "flash_attention_fwd"):
-        _register_flash_attention(ops)
-    if hasattr(ops, "decode_attention_fwd"):
-        _register_decode_attention(ops)
-    if hasattr(ops, "mla_decode_fwd"):
-        _register_mla_decode(ops)
-
-
-def _register_flash_attention(ops) -> None:
-    """Batch, and heads when q and k/v have as many (core.sharding); lse (B, Hq, Sq) follows q."""
-
-    def specs(q, k):
-        mha = q.shape[2] == k.shape[2]
-        return "b t h d" if mha else "b t g d", ("b", "h") if mha else ("b",)
-
-    def fwd(q, k, v, *options):
-        kv, split = specs(q, k)
-        return ["b s h d", kv, kv] + [None] * len(options), ["b s h d", "b h s"], split
-
-    def bwd(dout, q, k, v, out, lse, *options):
-        kv, split = specs(q, k)
-        ins = ["b s h d", "b s h d", kv, kv, "b s h d", "b h s"] + [None] * len(options)
-        return ins, ["b s h d", kv, kv], split
-
-    row_local(ops.flash_attention_fwd.default, fwd)
-    row_local(ops.flash_attention_bwd.default, bwd)
-
-
-def _register_decode_attention(ops) -> None:
-    """core.sharding's rule: batch (contiguous caches) and heads when q and the caches have as many; a paged pool is
-    shared by the batch, so there only heads split."""
-
-    def fwd(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale):
-        rule = sharding.rule("decode_attention", {"q": q, "k_cache": k_cache, "block_table": block_table})
-        ins = [rule.args[n] for n in ("q", "k_cache", "v_cache", "cache_seqlens")]
-        return ins + [rule.args.get("block_table"), None], list(rule.outputs), rule.split
-
-    row_local(ops.decode_attention_fwd.default, fwd)
-
-
-def _register_mla_decode(ops) -> None:
-    """core.sharding's rule: heads, and the batch with contiguous caches; lse (B, H) follows q."""
-
-    def fwd(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table, softmax_scale):
-        rule = sharding.rule("mla_decode", {"block_table": block_table, "return_lse": True})
-        ins = [rule.args[n] for n in ("q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens")]
-        return ins + [rule.args.get("block_table"), None], list(rule.outputs), rule.split
-
-    row_local(ops.mla_decode_fwd.default, fwd)
-
-
-def _register_fused_linear_cross_entropy(ops) -> None:
-    """Rows split; the weight whole, so dweight comes out Partial; no strategy splits the rows of a mean (the public
-    function sums instead). The forward of sum/mean returns the unscaled gradients (placeholders, z, when not asked
-    for), which the in-place scale op multiplies as they are placed: dhidden by rows, dweight as partial sums."""
-
-    def fwd(hidden, weight, target, ignore_index, reduction, chunk_size, grad_hidden, grad_weight):
-        reduced = reduction != "none"
-        grads = ["r k" if reduced and grad_hidden else None, "v k" if reduced and grad_weight else None]
-        outs = ["" if reduced else "r", "r", "c", *grads]
-        return ["r k", "v k", "r", None, None, None, None, None], outs, () if reduction == "mean" else ("r",)
-
-    def bwd(dloss, hidden, weight, target, lse, ignore_index, chunk_size, grad_hidden, grad_weight):
-        ins = ["r", "r k", "v k", "r", "r", None, None, None, None]
-        return ins, ["r k" if grad_hidden else None, "v k" if grad_weight else None], ("r",)
-
-    def scale(dloss, count, dhidden, dweight, reduction):
-        hidden_spec = "r k" if dhidden.shape[0] else "z k"
-        linear = (3,) if dweight.shape[0] else ()
-        linear += () if reduction == "mean" else (1,)
-        return ["", "c", hidden_spec, "v k" if dweight.shape[0] else "z k", None], [], ("r",), linear
-
-    row_local(ops.fused_linear_cross_entropy_fwd.default, fwd)
-    row_local(ops.fused_linear_cross_entropy_bwd.default, bwd)
-    row_local(ops.fused_linear_cross_entropy_scale_.default, scale)
+    for name, facts in sharding.KERNELS.items():
+        if hasattr(ops, name):
+            _register(getattr(ops, name).default, facts, _OPTIONS.get(name, lambda args: {}))
