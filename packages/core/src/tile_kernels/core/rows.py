@@ -87,16 +87,17 @@ def sum_partials_kernel(
 
 
 def sum_partials(partial: str, out: str, batch: int, programs: int, n: int, target: Target) -> Launch:
-    """Launch that reduces a (batch, programs, n) fp32 partial buffer to (batch, n): a program per 64 columns (a
-    few thousand partial rows over a 2048-wide weight: 32 programs, not 8 latency-bound ones), 64 partial rows
-    (16 KB) a step; wider column blocks (and as many fewer rows a step) where that would exceed 32 programs an SM."""
-    block_n = min(max(64, next_power_of_2(cdiv(n, 32 * target.num_sms))), next_power_of_2(n))
+    """Launch that reduces a (batch, programs, n) fp32 partial buffer to (batch, n), each column summed by one program
+    in a fixed order (deterministic), 4096 partials (16 KB) a step: 16 columns a program up to 8192 columns, 64 beyond.
+    H200, 2112 partial rows (benchmarks/results/h200/notes.md, 2026-12-02): 16 columns 42 / 48 / 30 us at n = 2048 /
+    4096 / 8192 (1056 rows) against 55 / 59 / 36 with 64; at 65536, 64 columns 134 us against 190."""
+    block_n = min(16 if n <= 8192 else 64, next_power_of_2(n))
     launch = Launch(
         sum_partials_kernel,
         grid=(cdiv(n, block_n), batch),
         reads=(partial, programs, n),
         writes=(out,),
-        constexprs=dict(BLOCK_G=max(1, 4096 // max(block_n, 64)), BLOCK_N=block_n),
+        constexprs=dict(BLOCK_G=max(1, 4096 // block_n), BLOCK_N=block_n),
         num_warps=4,
     )
     return in_units(launch, "N")
