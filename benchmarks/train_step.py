@@ -7,9 +7,10 @@ and each variant's speed relative to stock and to Liger in the same run; writes 
     python benchmarks/train_step.py --shape llama-1b --shape llama-8b-4layers --out benchmarks/results/h200
     python benchmarks/train_step.py --tiny --device cpu      # the plumbing, on a CPU (TRITON_INTERPRET=1)
 
---profile adds, per variant, the kernels of one more step (torch.profiler): device time by kernel and its total
-beside the step's wall time (what is left is the device idle, waiting on the host), written as
-train_step_kernels.md.
+--profile adds, per variant: host and device time of the forward and of the backward (CUDA events; the host time is
+until the call returns: a host time below the device time means the device never waits for launches), and the
+kernels of one more step (torch.profiler, device activity only): device time by kernel, its total and the idle gaps
+between kernels (the profiler's own host cost adds to them), written as train_step_kernels.md.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def kernels(step, ids, top: int = 25) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         started = time.perf_counter()
         step(ids)
         torch.cuda.synchronize()
@@ -84,6 +85,31 @@ def kernels(step, ids, top: int = 25) -> dict:
             "top": rows[:top], "gaps_ms": sum(g for g, _ in gaps) / 1e3, "long_gaps": len(long_gaps),
             "long_gaps_ms": sum(g for g, _ in long_gaps) / 1e3,
             "longest": [(round(g), name) for g, name in long_gaps[:12]]}  # fmt: skip
+
+
+def phases(run, model, ids, steps: int = 3) -> dict:
+    """Mean host ms (until each call returns) and device ms (CUDA events) of the forward and of the backward."""
+    import torch
+
+    times = []
+    for _ in range(steps):
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        events[0].record()
+        loss = run(input_ids=ids, labels=ids).loss
+        t1 = time.perf_counter()
+        events[1].record()
+        loss.backward()
+        t2 = time.perf_counter()
+        events[2].record()
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(
+            ((t1 - t0) * 1e3, events[0].elapsed_time(events[1]), (t2 - t1) * 1e3, events[1].elapsed_time(events[2]))
+        )
+    keys = ("forward_host_ms", "forward_device_ms", "backward_host_ms", "backward_device_ms")
+    return {k: sum(t[i] for t in times) / steps for i, k in enumerate(keys)}
 
 
 def measure(model, shape: str, device: str, steps: int, compiled: bool, profiled: bool = False) -> dict:
@@ -113,7 +139,7 @@ def measure(model, shape: str, device: str, steps: int, compiled: bool, profiled
     sync()
     ms = (time.perf_counter() - started) / steps * 1e3
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
-    profile = {"kernels": kernels(step, batches[0])} if profiled else {}
+    profile = {"kernels": kernels(step, batches[0]), "phases": phases(run, model, batches[0])} if profiled else {}
     return profile | {"ms": ms, "tokens_per_s": batch * seq / ms * 1e3, "peak_gib": peak, "loss": float(loss.item()),
             "warmup_loss": losses[0], "warmup_s": warmup_s}  # fmt: skip
 
@@ -174,9 +200,11 @@ def kernel_markdown(rows: list[dict]) -> str:
     for r in rows:
         if "kernels" not in r:
             continue
-        k = r["kernels"]
+        k, p = r["kernels"], r["phases"]
         lines += [f"## {r['shape']}, {r['mode']}, {r['variant']}: wall {k['wall_ms']:.1f} ms (profiled), kernels "
                   f"{k['kernel_ms']:.1f} ms in {k['launches']} launches, idle {k['wall_ms'] - k['kernel_ms']:.1f} ms",
+                  "", f"Forward: host {p['forward_host_ms']:.1f} ms, device {p['forward_device_ms']:.1f} ms; "
+                  f"backward: host {p['backward_host_ms']:.1f} ms, device {p['backward_device_ms']:.1f} ms.",
                   "", "| kernel | calls | ms |", "|---|---|---|"]  # fmt: skip
         lines += [f"| `{name}` | {calls} | {ms:.2f} |" for name, calls, ms in k["top"]]
         lines += [
