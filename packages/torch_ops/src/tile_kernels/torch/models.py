@@ -107,8 +107,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         raise ValueError(f"tile_kernels attention: dropout must be 0, got {dropout}")
     if attention_mask is not None:
         raise ValueError(
-            "tile_kernels attention: padding masks are not supported (a batch of unpadded sequences, or packed "
-            "sequences through flash_attention_varlen); got an attention mask of shape "
+            "tile_kernels attention: padding masks are not supported (batches of unpadded sequences only; for padded "
+            "batches patch with apply_to(model, attention=False)); got an attention mask of shape "
             f"{tuple(attention_mask.shape)}"
         )
     causal = getattr(module, "is_causal", True)
