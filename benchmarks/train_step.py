@@ -1,8 +1,11 @@
 """End-to-end training step of a randomly initialised Hugging Face transformers Llama, as a user runs it: stock
 (SDPA attention), patched with tile_kernels.torch.apply_to, and patched with Liger-Kernel's
 apply_liger_kernel_to_llama; eager and (--mode compile) torch.compile of the model. A step = forward with labels (the
-loss), backward, zero_grad (no optimizer: it costs every variant the same). Reports ms a step, tokens/s, peak memory,
-and each variant's speed relative to stock and to Liger in the same run; writes train_step.json / .md under --out.
+loss), backward, zero_grad (no optimizer: it costs every variant the same); use_cache=False, as training recipes set it
+(with the default True, transformers fills a KV cache in the training forward: a torch.cat of keys and of values a
+layer, ~1 ms of a Llama-1B step for every variant; results before 2026-12-02's fourth session include it). Reports
+ms a step, tokens/s, peak memory, and each variant's speed relative to stock and to Liger in the same run; writes
+train_step.json / .md under --out.
 
     python benchmarks/train_step.py --shape llama-1b --shape llama-8b-4layers --out benchmarks/results/h200
     python benchmarks/train_step.py --tiny --device cpu      # the plumbing, on a CPU (TRITON_INTERPRET=1)
@@ -41,7 +44,7 @@ def build(shape: str, variant: str, device: str, dtype):
     config = transformers.LlamaConfig(
         hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=kv, vocab_size=vocab, max_position_embeddings=8192, rms_norm_eps=1e-5,
-        tie_word_embeddings=False, attn_implementation="sdpa",
+        tie_word_embeddings=False, attn_implementation="sdpa", use_cache=False,
     )  # fmt: skip
     torch.manual_seed(0)
     with torch.device(device):
@@ -171,10 +174,11 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [
         f"# Training step, {meta['gpu']}, {meta['date']}",
         "",
-        "A randomly initialised transformers Llama in bfloat16: forward with labels (loss), backward, zero_grad (no "
-        "optimizer step). Wall time per step over back-to-back steps after 3 warm-up steps. stock = transformers with "
-        "SDPA attention; tile-kernels = `tile_kernels.torch.apply_to(model)` (RMSNorm, SwiGLU, rotary, attention, "
-        "fused linear cross-entropy); tile-kernels+sdpa = the same with `attention=False` (transformers' SDPA); "
+        "A randomly initialised transformers Llama in bfloat16 (use_cache=False): forward with labels (loss), "
+        "backward, zero_grad (no optimizer step). Wall time per step over back-to-back steps after 3 warm-up steps. "
+        "stock = transformers with SDPA attention; tile-kernels = `tile_kernels.torch.apply_to(model)` (RMSNorm, "
+        "SwiGLU, rotary, attention, fused linear cross-entropy); tile-kernels+sdpa = the same with `attention=False` "
+        "(transformers' SDPA); "
         "liger = `apply_liger_kernel_to_llama(model=model)` (RMSNorm, SwiGLU, rotary, fused linear cross-entropy; "
         "SDPA attention).",
         "",
