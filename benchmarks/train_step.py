@@ -80,7 +80,8 @@ def kernels(step, ids, top: int = 25) -> dict:
     rows = [(e.key[:90], e.count, e.self_device_time_total / 1e3) for e in events]
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))["traceEvents"]
+        with open(f.name) as exported:
+            trace = json.load(exported)["traceEvents"]
     device = sorted((e for e in trace if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")), key=lambda e: e["ts"])
     gaps = [(b["ts"] - a["ts"] - a["dur"], b["name"][:60]) for a, b in zip(device, device[1:])]
     long_gaps = sorted((g for g in gaps if g[0] > 20), reverse=True)

@@ -88,9 +88,9 @@ def sum_partials_kernel(
 
 def sum_partials(partial: str, out: str, batch: int, programs: int, n: int, target: Target) -> Launch:
     """Launch that reduces a (batch, programs, n) fp32 partial buffer to (batch, n), each column summed by one program
-    in a fixed order (deterministic), 4096 partials (16 KB) a step: 16 columns a program up to 8192 columns, 64 beyond.
-    H200, 2112 partial rows (benchmarks/results/h200/notes.md, 2026-12-02): 16 columns 42 / 48 / 30 us at n = 2048 /
-    4096 / 8192 (1056 rows) against 55 / 59 / 36 with 64; at 65536, 64 columns 134 us against 190."""
+    in a fixed order (deterministic), 4096 partials (16 KB) a step: 16 columns a program up to 8192 columns (more
+    programs over a narrow weight), 64 beyond; the faster of the two on an H200 at each width measured
+    (benchmarks/results/h200/eager.md, "dweight partial sums")."""
     block_n = min(16 if n <= 8192 else 64, next_power_of_2(n))
     launch = Launch(
         sum_partials_kernel,
