@@ -209,11 +209,14 @@ def check_auto(case, run_whole: bool) -> None:
 
 
 def _examples(case, count: int) -> dict:
-    """`count` different examples of the case's arrays stacked on a new leading axis: floats scaled, ints rolled."""
+    """`count` different examples of the case's arrays stacked on a new leading axis: floats scaled, ints rolled
+    (but sequence offsets, cu_seqlens_*, which must stay non-decreasing: repeated)."""
     stacked = {}
     for k in case.arrays():
         a = case.kwargs[k]
-        if a.dtype.kind == "i":
+        if k.startswith("cu_seqlens"):
+            stacked[k] = np.stack([a] * count)
+        elif a.dtype.kind == "i":
             stacked[k] = np.stack([np.roll(a, i) for i in range(count)])
         else:
             stacked[k] = np.stack([round_to(a.astype(np.float64) * (1 + 0.25 * i), a.dtype.name) for i in range(count)])

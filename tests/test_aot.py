@@ -23,7 +23,7 @@ def _python(*args: str):
 # flash_attention's 200 configurations a target take 1-6 s each to compile on one CPU core with triton 3.9 (~10 min a
 # target, an hour for the six): CI compiles each of its four kernels in one configuration for every target below;
 # `tile-kernels aot --op flash_attention` does them all.
-SLOW_TO_COMPILE = {"flash_attention"}
+SLOW_TO_COMPILE = {"flash_attention", "flash_attention_varlen"}  # the same kernels, VARLEN or not
 FLASH_ATTENTION_KERNELS = ("flash_fwd_kernel", "flash_bwd_preprocess_kernel", "flash_bwd_dkdv_kernel",
                            "flash_bwd_dq_kernel")  # fmt: skip
 
@@ -108,14 +108,16 @@ def test_cuda_occupancy_counts_as_the_occupancy_calculator():
     assert aot._cuda_occupancy(32, 4, 90 * 1024, sm80) == 1 and aot._cuda_occupancy(32, 4, 90 * 1024, sm90) == 2
 
 
+@pytest.mark.parametrize("op", sorted(SLOW_TO_COMPILE))
 @pytest.mark.parametrize("target", list(aot.TARGETS))
-def test_a_representative_flash_attention_compiles_for(target):
+def test_a_representative_flash_attention_compiles_for(target, op):
     """bfloat16, head dim 128: each of its four kernels (forward, backward preprocess, dK/dV, dQ) in the first
-    configuration the target's plans list (the one the heuristics pick by default)."""
+    configuration the target's plans list (the one the heuristics pick by default), for fixed-length and packed
+    (varlen) sequences."""
     script = f"""
         from tile_kernels.core import aot
         t = aot.TARGETS[{target!r}]
-        picked = [c for c in aot.configs(t, ["flash_attention"]) if isinstance(c, aot.KernelConfig)
+        picked = [c for c in aot.configs(t, [{op!r}]) if isinstance(c, aot.KernelConfig)
                   and "BLOCK_D=128," in c.describe() and "*bf16" in c.describe()]
         for name in KERNELS:
             cfg = next(c for c in picked if c.kernel_name == name)
@@ -124,7 +126,7 @@ def test_a_representative_flash_attention_compiles_for(target):
     """.replace("KERNELS", repr(FLASH_ATTENTION_KERNELS))
     run = _python("-c", textwrap.dedent(script))
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("compiled flash_attention/") == 4, run.stdout + run.stderr
+    assert run.stdout.count(f"compiled {op}/") == 4, run.stdout + run.stderr
 
 
 @pytest.mark.parametrize("target, wide_load", [("cuda:90", "ld.global.v4.b32"), ("hip:gfx942", "dwordx4")])

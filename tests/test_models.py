@@ -148,11 +148,62 @@ def test_apply_to_names_what_it_cannot_patch():
 
     with pytest.raises(ValueError, match="apply_to: model must be a transformers model of type llama"):
         tk.apply_to(torch.nn.Linear(2, 2))
-    _, _, patched, device = _models("llama")
-    mask = torch.ones(2, 8, dtype=torch.long, device=device)
-    mask[0, :3] = 0
-    with pytest.raises(ValueError, match="tile_kernels attention: padding masks are not supported"):
-        patched(torch.zeros(2, 8, dtype=torch.long, device=device), attention_mask=mask)
+
+
+def _assert_gradients_match(patched, stock, fp32):
+    for (name, p), q in zip(patched.named_parameters(), stock.parameters()):
+        assert p.grad is not None, name
+        assert _relative_error(p.grad, q.grad) < (1e-3 if fp32 else 5e-2), name
+
+
+@needs_transformers
+def test_patched_model_matches_the_stock_model_on_a_padded_batch():
+    """A left-padded and a right-padded sequence with an attention mask (the patch unpads them into
+    flash_attention_varlen): the tokens' logits, the loss and every gradient as the stock model's."""
+    torch, stock, patched, device = _models("llama")
+    fp32 = stock.dtype == torch.float32
+    tol = 2e-4 if fp32 else 3e-2
+    ids = torch.randint(0, 160, (2, 16), generator=torch.Generator().manual_seed(3)).to(device)
+    mask = torch.ones(2, 16, dtype=torch.long, device=device)
+    mask[0, :5] = 0
+    mask[1, 13:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[0, 5] = -100  # the first token is predicted from padding
+    with torch.no_grad():
+        got, want = patched(ids, attention_mask=mask).logits, stock(ids, attention_mask=mask).logits
+    tokens = mask.bool()
+    assert _relative_error(got[tokens], want[tokens]) < tol
+    out, ref = patched(ids, attention_mask=mask, labels=labels), stock(ids, attention_mask=mask, labels=labels)
+    assert abs(out.loss.item() - ref.loss.item()) <= tol * abs(ref.loss.item())
+    out.loss.backward()
+    ref.loss.backward()
+    _assert_gradients_match(patched, stock, fp32)
+
+
+@needs_transformers
+def test_patched_model_matches_the_stock_model_on_packed_sequences():
+    """Three sequences packed in one row, told apart by position_ids that restart (or by transformers' cu_seq_lens
+    kwargs): the logits, and the loss and gradients of a summed loss, as the stock model's on each sequence alone."""
+    torch, stock, patched, device = _models("llama")
+    fp32 = stock.dtype == torch.float32
+    tol = 2e-4 if fp32 else 3e-2
+    lengths = (10, 6, 8)
+    ids = torch.randint(0, 160, (1, sum(lengths)), generator=torch.Generator().manual_seed(4)).to(device)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
+    cu = torch.tensor([0, 10, 16, 24], dtype=torch.int32, device=device)
+    flash_kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=10, max_length_k=10)
+    pieces = ids.split(lengths, dim=1)
+    with torch.no_grad():
+        want = torch.cat([stock(piece).logits for piece in pieces], dim=1)
+        assert _relative_error(patched(ids, position_ids=positions).logits, want) < tol
+        assert _relative_error(patched(ids, position_ids=positions, **flash_kwargs).logits, want) < tol
+    labels = torch.cat([piece.clone().index_fill_(1, torch.tensor([0], device=device), -100) for piece in pieces], 1)
+    loss = patched(ids, position_ids=positions, labels=labels, num_items_in_batch=sum(lengths) - 3).loss
+    ref = sum(stock(piece, labels=piece).loss * (piece.shape[1] - 1) for piece in pieces) / (sum(lengths) - 3)
+    assert abs(loss.item() - ref.item()) <= tol * abs(ref.item())
+    loss.backward()
+    ref.backward()
+    _assert_gradients_match(patched, stock, fp32)
 
 
 # ---------------------------------------------------------------------------------------------------------------- JAX

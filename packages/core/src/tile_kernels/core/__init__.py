@@ -7,6 +7,7 @@ from . import (  # noqa: F401
     cross_entropy,
     decode_attention,
     flash_attention,
+    flash_attention_varlen,
     fused_linear_cross_entropy,
     layer_norm,
     mla_decode,

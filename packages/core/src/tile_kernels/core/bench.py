@@ -35,12 +35,14 @@ OPTIONS = {
     "apply_rotary": {"interleaved": False, "fp32_tables": True},
     "fused_linear_cross_entropy": {"reduction": "mean", "dim": 4096},
     "flash_attention": {"causal": False, "window": False, "gqa": 1, "cross": False, "softcap": False},
+    "flash_attention_varlen": {"causal": False, "window": False, "gqa": 1, "cross": False, "softcap": False},
     "decode_attention": {"paged": False, "gqa": 4, "page_size": 64},
     "mla_decode": {"paged": True, "page_size": 64},
 }
 # Variants of OPTIONS benchmarked as separate cases, named by a tag after the shape.
 VARIANTS = {
     "flash_attention": {"": {}, " causal": {"causal": True}},
+    "flash_attention_varlen": {"": {}, " causal": {"causal": True}},
     "decode_attention": {"": {}, " paged": {"paged": True}},
     "mla_decode": {" paged": {}, " contiguous": {"paged": False}},
 }
@@ -60,7 +62,7 @@ def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
         return [(4, max(1, elements // (4 * 32 * d)), 32, d) for d in (64, 128)]
     if op == "fused_linear_cross_entropy":
         return [(max(1, elements // (1 << 13)), 128256)]  # 8192 tokens at the default size
-    if op == "flash_attention":  # (B, S, H, D): 4 x 8192 tokens of 32 heads of 128 at the default size
+    if op in ("flash_attention", "flash_attention_varlen"):  # (B, S, H, D): 4 x 8192 tokens of 32 heads of 128
         return [(4, max(64, elements // (1 << 13)), 32, 128)]
     if op in ("decode_attention", "mla_decode"):  # (B, capacity, heads, head dim), every sequence full
         scale = min(1.0, elements / ELEMENTS)  # a smaller --elements shrinks the batches and contexts alike

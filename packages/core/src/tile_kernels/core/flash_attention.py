@@ -116,6 +116,25 @@ def _visible(rows, cols, seqlen_k, shift, left, right):
 
 
 @triton.jit
+def _sequence(b, seqlen, CU, VARLEN: tl.constexpr):
+    """(first row, length) of batch entry b's sequence as rows of the compact (B * S) or packed (total) layout: b * S
+    and S at a fixed length, cu[b] and cu[b + 1] - cu[b] packed."""
+    if VARLEN:
+        start = tl.load(CU + b)
+        return start.to(tl.int64), tl.load(CU + b + 1) - start
+    return b * seqlen, seqlen
+
+
+@triton.jit
+def _lse_row(b, h, heads_q, seqlen_q, q0, VARLEN: tl.constexpr):
+    """Offset of (b, h)'s first row in lse / delta: (B, Hq, Sq) at a fixed length, (Hq, total_q) packed (where the
+    kernels' seqlen_q argument is total_q)."""
+    if VARLEN:
+        return h * seqlen_q + q0
+    return (b * heads_q + h) * seqlen_q
+
+
+@triton.jit
 def _fwd_blocks(
     acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, start, end, seqlen_k, shift, left, right, scale,
     softcap, d, dmask,
@@ -159,14 +178,15 @@ def _query_band(m0, seqlen_k, shift, left, right, BLOCK_M: tl.constexpr, BLOCK_N
 
 @triton.jit
 def flash_fwd_kernel(
-    Q, K, V, seqlen_q, seqlen_k, heads_q, heads_k, head_dim,
+    Q, K, V, CU_Q, CU_K, seqlen_q, seqlen_k, heads_q, heads_k, head_dim,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     scale, softcap, left, right,
     OUT, LSE,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    SOFTCAP: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr,
+    SOFTCAP: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(Sq, BLOCK_M), B * Hq). OUT (B, Sq, Hq, D) compact, LSE (B, Hq, Sq) fp32 in base 2."""
+    """Grid (cdiv(Sq, BLOCK_M), B * Hq). OUT (B, Sq, Hq, D) compact, LSE (B, Hq, Sq) fp32 in base 2. VARLEN: packed
+    sequences (see the module doc), grid (cdiv(max Sq, BLOCK_M), B * Hq)."""
     scale, softcap = tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)  # torch.compile passes floats as fp64
     head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh = (
         _aligned(head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
@@ -176,20 +196,27 @@ def flash_fwd_kernel(
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // heads_q, bh % heads_q
     hk = h // (heads_q // heads_k)
+    q0, sq = _sequence(b, seqlen_q, CU_Q, VARLEN)
+    k0, seqlen_k = _sequence(b, seqlen_k, CU_K, VARLEN)
+    lse_row = _lse_row(b, h, heads_q, seqlen_q, q0, VARLEN)
+    seqlen_q = sq
     m0 = pid_m * BLOCK_M
+    if VARLEN:
+        if m0 >= seqlen_q:  # past this sequence's queries
+            return
     rows = m0 + tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     dmask = d < head_dim
     row_mask = rows < seqlen_q
     q = _load(
-        Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qs + d[None, :],
+        Q + (q0 * stride_qs if VARLEN else b * stride_qb) + h * stride_qh + rows[:, None] * stride_qs + d[None, :],
         row_mask[:, None],
         dmask[None, :],
         True,
         not EVEN_D,
     )
-    k_base = K + b * stride_kb + hk * stride_kh
-    v_base = V + b * stride_vb + hk * stride_vh
+    k_base = K + (k0 * stride_ks if VARLEN else b * stride_kb) + hk * stride_kh
+    v_base = V + (k0 * stride_vs if VARLEN else b * stride_vb) + hk * stride_vh
     shift = seqlen_k - seqlen_q
     lo, full_lo, full_hi, hi = _query_band(m0, seqlen_k, shift, left, right, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -275,28 +302,31 @@ def flash_fwd_kernel(
     )
     empty = l_i == 0.0  # no visible key: output 0, lse +inf (the backward then gives 0 too)
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    o_ptr = OUT + ((b * seqlen_q + rows[:, None]) * heads_q + h) * head_dim + d[None, :]
+    o_ptr = OUT + ((q0 + rows[:, None]) * heads_q + h) * head_dim + d[None, :]
     _store(o_ptr, out.to(OUT.dtype.element_ty), row_mask[:, None], dmask[None, :], not EVEN_D)
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-    tl.store(LSE + bh * seqlen_q + rows, lse, mask=row_mask)
+    tl.store(LSE + lse_row + rows, lse, mask=row_mask)
 
 
 @triton.jit
 def flash_bwd_preprocess_kernel(
-    OUT, DOUT, seqlen_q, heads_q, head_dim,
+    OUT, DOUT, CU_Q, seqlen_q, heads_q, head_dim,
     DELTA,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(Sq, BLOCK_M), B * Hq): DELTA[b, h, i] = sum_d OUT * DOUT (both compact (B, Sq, Hq, D))."""
+    """Grid (cdiv(Sq, BLOCK_M), B * Hq): DELTA[b, h, i] = sum_d OUT * DOUT (both compact (B, Sq, Hq, D); DELTA laid
+    out as lse)."""
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // heads_q, bh % heads_q
+    q0, sq = _sequence(b, seqlen_q, CU_Q, VARLEN)
+    delta = DELTA + _lse_row(b, h, heads_q, seqlen_q, q0, VARLEN)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < seqlen_q) & (d[None, :] < head_dim)
-    offs = ((b * seqlen_q + rows[:, None]) * heads_q + h) * head_dim + d[None, :]
+    mask = (rows[:, None] < sq) & (d[None, :] < head_dim)
+    offs = ((q0 + rows[:, None]) * heads_q + h) * head_dim + d[None, :]
     o = tl.load(OUT + offs, mask=mask, other=0.0).to(tl.float32)
     do = tl.load(DOUT + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(DELTA + bh * seqlen_q + rows, tl.sum(o * do, axis=1), mask=rows < seqlen_q)
+    tl.store(delta + rows, tl.sum(o * do, axis=1), mask=rows < sq)
 
 
 @triton.jit
@@ -338,12 +368,12 @@ def _dkdv_blocks(
 
 @triton.jit
 def flash_bwd_dkdv_kernel(
-    Q, K, V, DOUT, LSE, DELTA, seqlen_q, seqlen_k, heads_q, heads_k, head_dim,
+    Q, K, V, DOUT, LSE, DELTA, CU_Q, CU_K, seqlen_q, seqlen_k, heads_q, heads_k, head_dim,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     scale, softcap, left, right,
     DK, DV,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    SOFTCAP: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr,
+    SOFTCAP: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(Sk, BLOCK_N), B * Hk). DK, DV (B, Sk, Hk, D) compact."""
     scale, softcap = tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)  # torch.compile passes floats as fp64
@@ -354,20 +384,28 @@ def flash_bwd_dkdv_kernel(
     bh = tl.program_id(1).to(tl.int64)
     b, hk = bh // heads_k, bh % heads_k
     group = heads_q // heads_k
+    q0, sq = _sequence(b, seqlen_q, CU_Q, VARLEN)
+    k0, seqlen_k = _sequence(b, seqlen_k, CU_K, VARLEN)
+    lse_row = _lse_row(b, hk * group, heads_q, seqlen_q, q0, VARLEN)  # of the group's first query head
+    lse_head = seqlen_q  # lse's head stride (Sq, or total_q when packed)
+    seqlen_q = sq
     n0 = tl.program_id(0) * BLOCK_N
+    if VARLEN:
+        if n0 >= seqlen_k:  # past this sequence's keys
+            return
     cols = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     dmask = d < head_dim
     col_ok = cols < seqlen_k
     k = _load(
-        K + b * stride_kb + hk * stride_kh + cols[:, None] * stride_ks + d[None, :],
+        K + (k0 * stride_ks if VARLEN else b * stride_kb) + hk * stride_kh + cols[:, None] * stride_ks + d[None, :],
         col_ok[:, None],
         dmask[None, :],
         True,
         not EVEN_D,
     )
     v = _load(
-        V + b * stride_vb + hk * stride_vh + cols[:, None] * stride_vs + d[None, :],
+        V + (k0 * stride_vs if VARLEN else b * stride_vb) + hk * stride_vh + cols[:, None] * stride_vs + d[None, :],
         col_ok[:, None],
         dmask[None, :],
         True,
@@ -387,10 +425,10 @@ def flash_bwd_dkdv_kernel(
     head_stride = heads_q * head_dim  # row stride of the compact DOUT
     for g in range(0, group):
         h = hk * group + g
-        q_base = Q + b * stride_qb + h * stride_qh
-        do_base = DOUT + b * seqlen_q * head_stride + h * head_dim
-        lse_base = LSE + (b * heads_q + h) * seqlen_q
-        delta_base = DELTA + (b * heads_q + h) * seqlen_q
+        q_base = Q + (q0 * stride_qs if VARLEN else b * stride_qb) + h * stride_qh
+        do_base = DOUT + q0 * head_stride + h * head_dim
+        lse_base = LSE + lse_row + g * lse_head
+        delta_base = DELTA + lse_row + g * lse_head
         dk, dv = _dkdv_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs, head_stride, cols, lo,
                               full_lo, seqlen_q, seqlen_k, shift, left, right, scale, softcap, d, dmask, BLOCK_M,
                               True, SOFTCAP, EVEN_D, IEEE)  # fmt: skip
@@ -400,7 +438,7 @@ def flash_bwd_dkdv_kernel(
         dk, dv = _dkdv_blocks(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs, head_stride, cols,
                               full_hi, hi, seqlen_q, seqlen_k, shift, left, right, scale, softcap, d, dmask, BLOCK_M,
                               True, SOFTCAP, EVEN_D, IEEE)  # fmt: skip
-    offs = ((b * seqlen_k + cols[:, None]) * heads_k + hk) * head_dim + d[None, :]
+    offs = ((k0 + cols[:, None]) * heads_k + hk) * head_dim + d[None, :]
     _store(DK + offs, (dk * scale).to(DK.dtype.element_ty), col_ok[:, None], dmask[None, :], not EVEN_D)
     _store(DV + offs, dv.to(DV.dtype.element_ty), col_ok[:, None], dmask[None, :], not EVEN_D)
 
@@ -432,12 +470,12 @@ def _dq_blocks(
 
 @triton.jit
 def flash_bwd_dq_kernel(
-    Q, K, V, DOUT, LSE, DELTA, seqlen_q, seqlen_k, heads_q, heads_k, head_dim,
+    Q, K, V, DOUT, LSE, DELTA, CU_Q, CU_K, seqlen_q, seqlen_k, heads_q, heads_k, head_dim,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     scale, softcap, left, right,
     DQ,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    SOFTCAP: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr,
+    SOFTCAP: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(Sq, BLOCK_M), B * Hq). DQ (B, Sq, Hq, D) compact."""
     scale, softcap = tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)  # torch.compile passes floats as fp64
@@ -449,24 +487,31 @@ def flash_bwd_dq_kernel(
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // heads_q, bh % heads_q
     hk = h // (heads_q // heads_k)
+    q0, sq = _sequence(b, seqlen_q, CU_Q, VARLEN)
+    k0, seqlen_k = _sequence(b, seqlen_k, CU_K, VARLEN)
+    lse_row = _lse_row(b, h, heads_q, seqlen_q, q0, VARLEN)
+    seqlen_q = sq
     m0 = pid_m * BLOCK_M
+    if VARLEN:
+        if m0 >= seqlen_q:  # past this sequence's queries
+            return
     rows = m0 + tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     dmask = d < head_dim
     row_mask = rows < seqlen_q
     q = _load(
-        Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qs + d[None, :],
+        Q + (q0 * stride_qs if VARLEN else b * stride_qb) + h * stride_qh + rows[:, None] * stride_qs + d[None, :],
         row_mask[:, None],
         dmask[None, :],
         True,
         not EVEN_D,
     )
-    offs = ((b * seqlen_q + rows[:, None]) * heads_q + h) * head_dim + d[None, :]
+    offs = ((q0 + rows[:, None]) * heads_q + h) * head_dim + d[None, :]
     do = _load(DOUT + offs, row_mask[:, None], dmask[None, :], True, not EVEN_D)
-    lse = tl.load(LSE + bh * seqlen_q + rows, mask=row_mask, other=float("inf"))
-    delta = tl.load(DELTA + bh * seqlen_q + rows, mask=row_mask, other=0.0)
-    k_base = K + b * stride_kb + hk * stride_kh
-    v_base = V + b * stride_vb + hk * stride_vh
+    lse = tl.load(LSE + lse_row + rows, mask=row_mask, other=float("inf"))
+    delta = tl.load(DELTA + lse_row + rows, mask=row_mask, other=0.0)
+    k_base = K + (k0 * stride_ks if VARLEN else b * stride_kb) + hk * stride_kh
+    v_base = V + (k0 * stride_vs if VARLEN else b * stride_vb) + hk * stride_vh
     shift = seqlen_k - seqlen_q
     lo, full_lo, full_hi, hi = _query_band(m0, seqlen_k, shift, left, right, BLOCK_M, BLOCK_N)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -628,70 +673,100 @@ def check(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.
     _, seqlen_k, heads_k, _ = k.shape
     checks.check_shape(NAME, "k", k, (batch, seqlen_k, heads_k, head_dim), "q's batch and head_dim")
     checks.check_shape(NAME, "v", v, tuple(k.shape), "that of k")
+    check_heads_and_options(NAME, heads_q, heads_k, head_dim, causal, window, softmax_scale, softcap)
+
+
+def check_heads_and_options(op, heads_q, heads_k, head_dim, causal, window, softmax_scale, softcap) -> None:
+    """The head counts and dim of q and k, and the attention options, of `op` (flash_attention or its varlen form)."""
     if head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"{NAME}: head_dim must be at most {MAX_HEAD_DIM}, got {head_dim}")
+        raise ValueError(f"{op}: head_dim must be at most {MAX_HEAD_DIM}, got {head_dim}")
     if heads_k == 0 and heads_q != 0 or heads_k and heads_q % heads_k:
-        raise ValueError(f"{NAME}: q's heads must be a multiple of k's heads (GQA/MQA), got {heads_q} and {heads_k}")
+        raise ValueError(f"{op}: q's heads must be a multiple of k's heads (GQA/MQA), got {heads_q} and {heads_k}")
     if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"{NAME}: causal must be a bool, got {causal!r}")
+        raise TypeError(f"{op}: causal must be a bool, got {causal!r}")
     pair = isinstance(window, (tuple, list)) and len(window) == 2
     if not pair or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) and w >= -1 for w in window):
-        raise ValueError(f"{NAME}: window must be a pair of ints >= -1 (left, right; -1 = unbounded), got {window!r}")
+        raise ValueError(f"{op}: window must be a pair of ints >= -1 (left, right; -1 = unbounded), got {window!r}")
     if softmax_scale is not None:
-        checks.check_real(NAME, "softmax_scale", softmax_scale, "None or a finite number")
-    if checks.check_real(NAME, "softcap", softcap, "a finite number >= 0") < 0:
-        raise ValueError(f"{NAME}: softcap must be a finite number >= 0, got {softcap!r}")
+        checks.check_real(op, "softmax_scale", softmax_scale, "None or a finite number")
+    if checks.check_real(op, "softcap", softcap, "a finite number >= 0") < 0:
+        raise ValueError(f"{op}: softcap must be a finite number >= 0, got {softcap!r}")
 
 
-def _strides(strides, seqlen: int, heads: int, head_dim: int) -> tuple[int, int, int]:
-    """(batch, seq, head) element strides; None = compact (B, S, H, D)."""
-    return tuple(strides) if strides is not None else (seqlen * heads * head_dim, heads * head_dim, head_dim)
+def _strides(strides, seqlen: int, heads: int, head_dim: int, packed) -> tuple[int, int, int]:
+    """(batch, seq, head) element strides; None = compact (B, S, H, D), or (total, H, D) when packed (batch stride
+    0, unused)."""
+    if strides is not None:
+        return tuple(strides)
+    return (0 if packed else seqlen * heads * head_dim), heads * head_dim, head_dim
 
 
 def _shared(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype, causal, window, scale, softcap,
-            strides_q, strides_k, strides_v) -> tuple[list, dict]:  # fmt: skip
-    """The runtime arguments every kernel of both directions takes, and their common constexprs."""
+            strides_q, strides_k, strides_v, packed) -> tuple[list, dict]:  # fmt: skip
+    """The runtime arguments every kernel of both directions takes, and their common constexprs. Packed sequences
+    pass their totals as seqlen_q / seqlen_k (lse's head stride; each sequence's lengths come from cu_seqlens)."""
+    if packed:
+        seqlen_q, seqlen_k = packed
     left, right = _window(causal, window, seqlen_q, seqlen_k)
     scale = default_scale(head_dim) if scale is None else float(scale)
     args = [seqlen_q, seqlen_k, heads_q, heads_k, head_dim,
-            *_strides(strides_q, seqlen_q, heads_q, head_dim), *_strides(strides_k, seqlen_k, heads_k, head_dim),
-            *_strides(strides_v, seqlen_k, heads_k, head_dim), scale, float(softcap) or 1.0, left, right]  # fmt: skip
+            *_strides(strides_q, seqlen_q, heads_q, head_dim, packed), *_strides(strides_k, seqlen_k, heads_k,
+            head_dim, packed), *_strides(strides_v, seqlen_k, heads_k, head_dim, packed), scale,
+            float(softcap) or 1.0, left, right]  # fmt: skip
     block_d = max(32, next_power_of_2(head_dim))
     # IEEE dots for float32 (no TF32), and for bfloat16 in Triton's interpreter, whose tl.dot multiplies bfloat16
     # tiles as their raw 16-bit patterns (triton 3.9): upcast there (exact products, fp32 sums as on the GPU)
     ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())
-    constexprs = dict(BLOCK_D=block_d, EVEN_D=block_d == head_dim, SOFTCAP=softcap > 0, IEEE=ieee)
+    constexprs = dict(BLOCK_D=block_d, EVEN_D=block_d == head_dim, SOFTCAP=softcap > 0, IEEE=ieee,
+                      VARLEN=bool(packed))  # fmt: skip
     return args, constexprs
 
 
-def _forward_buffers(batch: int, seqlen_q: int, heads_q: int, head_dim: int, dtype: str) -> tuple[bool, dict]:
+def _shapes(batch: int, seqlen: int, heads: int, head_dim: int, total: int | None) -> tuple[tuple, tuple]:
+    """(shape of q / out (or k), of lse / delta): (B, S, H, D) and (B, H, S); packed (total, H, D) and (H, total)."""
+    if total is None:
+        return (batch, seqlen, heads, head_dim), (batch, heads, seqlen)
+    return (total, heads, head_dim), (heads, total)
+
+
+def _forward_buffers(batch, seqlen_q, heads_q, head_dim, dtype, total_q=None) -> tuple[bool, dict]:
     """(whether the output is empty, the forward's out and lse buffers): zeroed when empty (no launch writes them)."""
-    empty = batch * seqlen_q * heads_q * head_dim == 0
-    return empty, {
-        "out": BufferSpec((batch, seqlen_q, heads_q, head_dim), dtype, zeroed=empty),
-        "lse": BufferSpec((batch, heads_q, seqlen_q), "float32", zeroed=empty),
-    }
+    out, lse = _shapes(batch, seqlen_q, heads_q, head_dim, total_q)
+    empty = math.prod(out) == 0
+    return empty, {"out": BufferSpec(out, dtype, zeroed=empty), "lse": BufferSpec(lse, "float32", zeroed=empty)}
 
 
 def forward(
     batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int, *, dtype: str,
     causal: bool, window: tuple[int, int], scale: float | None, softcap: float, target: Target,
-    strides_q=None, strides_k=None, strides_v=None, config: int = 0,
+    strides_q=None, strides_k=None, strides_v=None, config: int = 0, packed: tuple[int, int] | None = None,
 ) -> Plan:  # fmt: skip
     """Inputs q, k, v ((B, S, H, D) with unit head-dim stride, the other strides given; None = compact).
-    Outputs out (B, Sq, Hq, D) compact and lse (B, Hq, Sq) fp32 (base 2; +inf for rows that see no key)."""
-    empty, buffers = _forward_buffers(batch, seqlen_q, heads_q, head_dim, dtype)
+    Outputs out (B, Sq, Hq, D) compact and lse (B, Hq, Sq) fp32 (base 2; +inf for rows that see no key).
+    packed = (total_q, total_k): B packed sequences (flash_attention_varlen), seqlen_q / seqlen_k their maxima; q
+    (total_q, Hq, D), k / v (total_k, Hk, D) (batch strides ignored), int32 inputs cu_seqlens_q / cu_seqlens_k
+    (B + 1,); out (total_q, Hq, D), lse (Hq, total_q)."""
+    empty, buffers = _forward_buffers(batch, seqlen_q, heads_q, head_dim, dtype, packed and packed[0])
     launches = ()
     if not empty:
         args, constexprs = _shared(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype, causal, window,
-                                   scale, softcap, strides_q, strides_k, strides_v)  # fmt: skip
+                                   scale, softcap, strides_q, strides_k, strides_v, packed)  # fmt: skip
         block_m, block_n, warps, stages = configs("fwd", head_dim, dtype, target)[config]
         launches = (
-            in_units(Launch(flash_fwd_kernel, (cdiv(seqlen_q, block_m), batch * heads_q), ("q", "k", "v", *args),
-                           ("out", "lse"), dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages),
-                    *UNIT_ARGS),
+            in_units(Launch(flash_fwd_kernel, (cdiv(seqlen_q, block_m), batch * heads_q),
+                            ("q", "k", "v", *_cu(packed), *args), ("out", "lse"),
+                            dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages), *UNIT_ARGS),
         )  # fmt: skip
-    return Plan({"q": dtype, "k": dtype, "v": dtype}, buffers, launches, ("out", "lse"))
+    return Plan({"q": dtype, "k": dtype, "v": dtype, **_cu_inputs(packed)}, buffers, launches, ("out", "lse"))
+
+
+def _cu(packed) -> tuple:
+    """The kernels' CU_Q, CU_K pointers: the cu_seqlens inputs when packed, absent otherwise."""
+    return ("cu_seqlens_q", "cu_seqlens_k") if packed else (None, None)
+
+
+def _cu_inputs(packed) -> dict:
+    return {"cu_seqlens_q": "int32", "cu_seqlens_k": "int32"} if packed else {}
 
 
 def check_backend(backend: str, dtype: str, head_dim: int) -> None:
@@ -736,28 +811,30 @@ def compiled_forward(
 def backward(
     batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int, *, dtype: str,
     causal: bool, window: tuple[int, int], scale: float | None, softcap: float, target: Target,
-    strides_q=None, strides_k=None, strides_v=None, config: int = 0,
+    strides_q=None, strides_k=None, strides_v=None, config: int = 0, packed: tuple[int, int] | None = None,
 ) -> Plan:  # fmt: skip
     """Inputs q, k, v (as the forward), out, dout (compact (B, Sq, Hq, D)), lse (B, Hq, Sq).
-    Outputs dq (B, Sq, Hq, D), dk, dv (B, Sk, Hk, D), compact."""
-    empty_q = batch * seqlen_q * heads_q * head_dim == 0
-    empty_k = batch * seqlen_k * heads_k * head_dim == 0
+    Outputs dq (B, Sq, Hq, D), dk, dv (B, Sk, Hk, D), compact. packed: as the forward's (out, dout, dq packed as q,
+    dk / dv as k, lse and delta (Hq, total_q))."""
+    q_shape, lse_shape = _shapes(batch, seqlen_q, heads_q, head_dim, packed and packed[0])
+    k_shape, _ = _shapes(batch, seqlen_k, heads_k, head_dim, packed and packed[1])
+    empty_q, empty_k = math.prod(q_shape) == 0, math.prod(k_shape) == 0
     buffers = {
-        "delta": BufferSpec((batch, heads_q, seqlen_q), "float32", zeroed=empty_q),
-        "dq": BufferSpec((batch, seqlen_q, heads_q, head_dim), dtype, zeroed=empty_q),
-        "dk": BufferSpec((batch, seqlen_k, heads_k, head_dim), dtype, zeroed=empty_k),
-        "dv": BufferSpec((batch, seqlen_k, heads_k, head_dim), dtype, zeroed=empty_k),
+        "delta": BufferSpec(lse_shape, "float32", zeroed=empty_q),
+        "dq": BufferSpec(q_shape, dtype, zeroed=empty_q),
+        "dk": BufferSpec(k_shape, dtype, zeroed=empty_k),
+        "dv": BufferSpec(k_shape, dtype, zeroed=empty_k),
     }
     launches = []
     args, constexprs = _shared(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype, causal, window, scale,
-                               softcap, strides_q, strides_k, strides_v)  # fmt: skip
-    reads = ("q", "k", "v", "dout", "lse", "delta", *args)
+                               softcap, strides_q, strides_k, strides_v, packed)  # fmt: skip
+    reads = ("q", "k", "v", "dout", "lse", "delta", *_cu(packed), *args)
     if not empty_q:
         block = min(64, next_power_of_2(seqlen_q))
         launches.append(
             Launch(flash_bwd_preprocess_kernel, (cdiv(seqlen_q, block), batch * heads_q),
-                   ("out", "dout", seqlen_q, heads_q, head_dim), ("delta",),
-                   dict(BLOCK_M=block, BLOCK_D=constexprs["BLOCK_D"]), num_warps=4)
+                   ("out", "dout", _cu(packed)[0], args[0], heads_q, head_dim), ("delta",),
+                   dict(BLOCK_M=block, BLOCK_D=constexprs["BLOCK_D"], VARLEN=bool(packed)), num_warps=4)
         )  # fmt: skip
     dkdv, dq = configs("bwd", head_dim, dtype, target)[config]
     if not empty_k:
@@ -772,7 +849,7 @@ def backward(
             in_units(Launch(flash_bwd_dq_kernel, (cdiv(seqlen_q, block_m), batch * heads_q), reads, ("dq",),
                            dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages), *UNIT_ARGS)
         )  # fmt: skip
-    inputs = {"q": dtype, "k": dtype, "v": dtype, "out": dtype, "dout": dtype, "lse": "float32"}
+    inputs = {"q": dtype, "k": dtype, "v": dtype, "out": dtype, "dout": dtype, "lse": "float32", **_cu_inputs(packed)}
     return Plan(inputs, buffers, tuple(launches), ("dq", "dk", "dv"))
 
 

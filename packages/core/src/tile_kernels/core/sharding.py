@@ -198,6 +198,22 @@ def _flash_attention_bwd(heads_q: int, heads_k: int) -> Kernel:
     return Kernel(args, {"dq": q, "dk": kv, "dv": kv}, ("b", *heads))
 
 
+def _flash_attention_varlen_fwd(heads_q: int, heads_k: int) -> Kernel:
+    """Packed sequences: heads as _attention_heads says; the rows (t, u: every sequence's) and the sequence offsets
+    (e) stay whole; lse (Hq, total_q)."""
+    g, heads = _attention_heads(heads_q, heads_k)
+    q, kv = "t h d", f"u {g} d"
+    args = {"q": q, "k": kv, "v": kv, "cu_seqlens_q": "e", "cu_seqlens_k": "e"}
+    return Kernel(args, {"out": q, "lse": "h t"}, heads)
+
+
+def _flash_attention_varlen_bwd(heads_q: int, heads_k: int) -> Kernel:
+    g, heads = _attention_heads(heads_q, heads_k)
+    q, kv = "t h d", f"u {g} d"
+    args = {"dout": q, "q": q, "k": kv, "v": kv, "out": q, "lse": "h t", "cu_seqlens_q": "e", "cu_seqlens_k": "e"}
+    return Kernel(args, {"dq": q, "dk": kv, "dv": kv}, heads)
+
+
 def _decode_attention_fwd(heads_q: int, heads_k: int, q_ndim: int, paged: bool = False) -> Kernel:
     """Contiguous caches: as flash_attention. Paged caches: the page pool (n pages) is shared by the whole batch (any
     row's block table may point anywhere in it), so the batch stays whole; heads split as _attention_heads says."""
@@ -238,6 +254,8 @@ KERNELS: dict[str, Callable[..., Kernel]] = {
     "fused_linear_cross_entropy_scale_": _fused_linear_cross_entropy_scale_,
     "flash_attention_fwd": _flash_attention_fwd,
     "flash_attention_bwd": _flash_attention_bwd,
+    "flash_attention_varlen_fwd": _flash_attention_varlen_fwd,
+    "flash_attention_varlen_bwd": _flash_attention_varlen_bwd,
     "decode_attention_fwd": _decode_attention_fwd,
     "mla_decode_fwd": _mla_decode_fwd,
 }
@@ -282,6 +300,9 @@ RULES: dict[str, Callable[[Mapping[str, Any]], Split]] = {
     "swiglu": lambda kwargs: _public(KERNELS["swiglu_fwd"](), "y"),
     "apply_rotary": lambda kwargs: _public(KERNELS["apply_rotary_fwd"](), "y"),
     "flash_attention": lambda kwargs: _public(_flash_attention_fwd(kwargs["q"].shape[2], kwargs["k"].shape[2]), "out"),
+    "flash_attention_varlen": lambda kwargs: _public(
+        _flash_attention_varlen_fwd(kwargs["q"].shape[1], kwargs["k"].shape[1]), "out"
+    ),
     "decode_attention": _decode_attention,
     "mla_decode": _mla_decode,
     "cross_entropy": lambda kwargs: _public(_cross_entropy_fwd(kwargs.get("reduction", "mean")), "loss"),

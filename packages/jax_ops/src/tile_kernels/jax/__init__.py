@@ -7,6 +7,7 @@ Without either, a call raises a clear error; there is no silent fallback to a jn
 from .cross_entropy import cross_entropy
 from .decode_attention import decode_attention
 from .flash_attention import flash_attention
+from .flash_attention_varlen import flash_attention_varlen
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
 from .mla_decode import mla_decode
 from .norms import layer_norm, rms_norm
@@ -15,6 +16,6 @@ from .softmax import softmax
 from .swiglu import swiglu
 
 __all__ = [
-    "apply_rotary", "cross_entropy", "decode_attention", "flash_attention", "fused_linear_cross_entropy", "layer_norm",
-    "mla_decode", "rms_norm", "softmax", "swiglu",
+    "apply_rotary", "cross_entropy", "decode_attention", "flash_attention", "flash_attention_varlen",
+    "fused_linear_cross_entropy", "layer_norm", "mla_decode", "rms_norm", "softmax", "swiglu",
 ]  # fmt: skip

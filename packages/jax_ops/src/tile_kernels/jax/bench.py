@@ -98,6 +98,34 @@ def flash_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, 
     return jnp.einsum("bhqk,bkhd->bqhd", p, vf).astype(q.dtype)
 
 
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                           window=(-1, -1), softmax_scale=None, softcap=0.0):  # fmt: skip
+    """The packed sequences padded to (B, max_seqlen, H, D) (a gather), attended in float32 with each sequence's mask
+    (bottom-right causal, windows, its length; heads repeated for GQA), packed back (rows that see no key give 0)."""
+    lengths_q, lengths_k = jnp.diff(cu_seqlens_q), jnp.diff(cu_seqlens_k)
+
+    def padded(t, cu, longest):
+        rows = jnp.clip(cu[:-1, None] + jnp.arange(longest)[None, :], 0, max(t.shape[0] - 1, 0))
+        return t[rows].astype(jnp.float32) if t.shape[0] else jnp.zeros(rows.shape + t.shape[1:], jnp.float32)
+
+    group = q.shape[1] // max(k.shape[1], 1)
+    qp = padded(q, cu_seqlens_q, max_seqlen_q)
+    kp, vp = (jnp.repeat(padded(t, cu_seqlens_k, max_seqlen_k), group, axis=2) for t in (k, v))
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    s = jnp.einsum("bqhd,bkhd->bhqk", qp, kp) * scale
+    if softcap > 0:
+        s = softcap * jnp.tanh(s / softcap)
+    i = jnp.arange(max_seqlen_q)[None, :, None] + (lengths_k - lengths_q)[:, None, None]
+    j = jnp.arange(max_seqlen_k)[None, None, :]
+    left, right = window[0], 0 if causal else window[1]
+    seen = (j < lengths_k[:, None, None]) & ((j >= i - left) | (left < 0)) & ((j <= i + right) | (right < 0))
+    p = jnp.nan_to_num(jax.nn.softmax(jnp.where(seen[:, None], s, -jnp.inf), axis=-1), nan=0.0)
+    out = jnp.einsum("bhqk,bkhd->bqhd", p, vp).astype(q.dtype)
+    rows = jnp.arange(q.shape[0])
+    seq = jnp.searchsorted(cu_seqlens_q[1:], rows, side="right")
+    return out[seq, rows - cu_seqlens_q[seq]]
+
+
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
     """The cache gathered (through the block table when paged) and masked past each length, heads expanded for GQA,
     softmax in float32 (a sequence of length 0 gives 0)."""
@@ -129,8 +157,8 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 
 
 REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
-                                     fused_linear_cross_entropy, flash_attention, decode_attention,
-                                     mla_decode)}  # fmt: skip
+                                     fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
+                                     decode_attention, mla_decode)}  # fmt: skip
 
 
 def _pallas(op: str):

@@ -99,6 +99,8 @@ _OPTIONS = {
     ),
     "flash_attention_fwd": _heads("q", "k"),
     "flash_attention_bwd": _heads("q", "k"),
+    "flash_attention_varlen_fwd": _heads("q", "k"),
+    "flash_attention_varlen_bwd": _heads("q", "k"),
     "decode_attention_fwd": lambda args: dict(
         **_heads("q", "k_cache")(args), q_ndim=len(args["q"].shape), paged=args["block_table"] is not None
     ),

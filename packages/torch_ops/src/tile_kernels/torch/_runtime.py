@@ -254,7 +254,10 @@ class _LaunchStep:
     def __init__(self, launch, slots):
         self.launch = launch
         names = launch.reads + launch.writes
-        anchor = _slot(next(a for a in launch.reads if is_ref(a)), slots)  # stands in for absent pointers
+        # an absent pointer gets a buffer the kernel writes anyway: torch.compile's analysis of what a kernel
+        # mutates may count every pointer argument as written, and an input passed there would be an input mutated
+        refs = [a for a in launch.writes if is_ref(a)] or [a for a in launch.reads if is_ref(a)]
+        anchor = _slot(refs[0], slots)
         self.args = [_slot(a, slots) if is_ref(a) else anchor if a is None else a for a in names]
         self.tensor_args = [i for i, a in enumerate(names) if is_ref(a) or a is None]
         kernel = launch.kernel

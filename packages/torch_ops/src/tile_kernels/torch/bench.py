@@ -89,6 +89,39 @@ def flash_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, 
     return (p @ vt.float()).to(q.dtype).transpose(1, 2)
 
 
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                           window=(-1, -1), softmax_scale=None, softcap=0.0):  # fmt: skip
+    """The packed sequences padded to (B, max_seqlen, H, D) (a gather, no host sync), attended by SDPA with each
+    sequence's mask (bottom-right causal, windows, its length; heads expanded for GQA), or in float32 with softcap;
+    packed back (rows that see no key give 0)."""
+    lengths_q, lengths_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
+    qp, kp, vp = (_padded(t, cu, n) for t, cu, n in ((q, cu_seqlens_q, max_seqlen_q), (k, cu_seqlens_k, max_seqlen_k),
+                                                     (v, cu_seqlens_k, max_seqlen_k)))  # fmt: skip
+    group = q.shape[1] // max(k.shape[1], 1)
+    qt, kt, vt = (t.transpose(1, 2) for t in (qp, kp.repeat_interleave(group, 2), vp.repeat_interleave(group, 2)))
+    i = torch.arange(max_seqlen_q, device=q.device)[None, :, None] + (lengths_k - lengths_q)[:, None, None]
+    j = torch.arange(max_seqlen_k, device=q.device)[None, None, :]
+    left, right = window[0], 0 if causal else window[1]
+    seen = (j < lengths_k[:, None, None]) & ((j >= i - left) | (left < 0)) & ((j <= i + right) | (right < 0))
+    if softcap > 0:
+        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+        s = softcap * torch.tanh((qt.float() @ kt.float().transpose(-1, -2)) * scale / softcap)
+        p = torch.softmax(s.masked_fill(~seen[:, None], float("-inf")), -1).nan_to_num(0.0)
+        out = (p @ vt.float()).to(q.dtype)
+    else:
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=seen[:, None], scale=softmax_scale)
+    out = out.transpose(1, 2).nan_to_num(0.0) * seen.any(-1)[..., None, None]
+    rows = torch.arange(q.shape[0], device=q.device)
+    seq = torch.searchsorted(cu_seqlens_q[1:], rows, right=True)
+    return out[seq, rows - cu_seqlens_q[seq]]
+
+
+def _padded(t, cu_seqlens, longest):
+    """Packed rows (total, H, D) -> (B, longest, H, D): row p of sequence b is row cu[b] + p (clamped: masked later)."""
+    rows = cu_seqlens[:-1, None] + torch.arange(longest, device=t.device)[None, :]
+    return t[rows.clamp(0, max(t.shape[0] - 1, 0))] if t.shape[0] else t.new_zeros(rows.shape + t.shape[1:])
+
+
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
     """The cache gathered (through the block table when paged) and masked past each length, heads expanded for GQA,
     softmax in float32 (a sequence of length 0 gives 0)."""
@@ -118,8 +151,13 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 
 
 EAGER = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
-                                  fused_linear_cross_entropy, flash_attention, decode_attention,
-                                  mla_decode)}  # fmt: skip
+                                  fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
+                                  decode_attention, mla_decode)}  # fmt: skip
+
+
+# Peers left out of torch.compile: Inductor's code for the padded varlen peer raised a device-side assert at the
+# benchmark's shape on the H200 (2026-12-02), which ends the process's CUDA context and with it every later row.
+NOT_COMPILED = {"flash_attention_varlen"}
 
 
 def _sdpa(backend: str):
@@ -134,6 +172,18 @@ def _sdpa(backend: str):
             return flash_attention(q, k, v, causal, window, softmax_scale, softcap)
 
     return attention
+
+
+def _as_batch(attention):
+    """flash_attention_varlen through a (B, S, H, D) attention, for packed sequences of one length S."""
+
+    def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, window=(-1, -1),
+               softmax_scale=None, softcap=0.0):  # fmt: skip
+        batch = cu_seqlens_q.shape[0] - 1
+        qb, kb, vb = (t.view(batch, -1, *t.shape[1:]) for t in (q, k, v))
+        return attention(qb, kb, vb, causal, window, softmax_scale, softcap).view(q.shape)
+
+    return varlen
 
 
 def _liger(op: str):
@@ -291,11 +341,19 @@ class Provider:
         impls = {"tile-kernels": ours} | other_backends(op, ours, "cuda")
         impls["tile-kernels compiled"] = ours and torch.compile(ours, dynamic=False, fullgraph=True)
         impls["torch eager"] = EAGER.get(op)
-        if op in EAGER:
+        if op in EAGER and op not in NOT_COMPILED:
             impls["torch.compile"] = torch.compile(EAGER[op], dynamic=False)
         impls["liger"] = _liger(op)
         if op == "flash_attention":
             impls |= {"sdpa cudnn": _sdpa("CUDNN_ATTENTION"), "sdpa flash": _sdpa("FLASH_ATTENTION")}
+        if op == "flash_attention_varlen":  # the benchmark's sequences have one length: the same work as a batch
+            impls |= {
+                f"{name} (as a batch)": _as_batch(fn)
+                for name, fn in (
+                    ("tile-kernels flash_attention", tk.flash_attention),
+                    ("sdpa cudnn", _sdpa("CUDNN_ATTENTION")),
+                )
+            }
         return impls
 
     def measure(self, case: Case, only=None) -> list[Timing]:

@@ -7,7 +7,8 @@ What each switch swaps (every one independent):
 - rotary:    `apply_rotary_pos_emb` as the attention modules' forward sees it (each one's forward rebound to a copy
              whose globals name ours: this model only, not the modeling module nor other models of its class)
 - attention: config._attn_implementation = "tile_kernels", registered with transformers' attention-function and
-             attention-mask registries (flash_attention; causal, sliding windows, GQA; no padding masks)
+             attention-mask registries (flash_attention; causal, sliding windows, GQA; padded batches and packed
+             sequences through flash_attention_varlen, as transformers' flash-attention path takes them)
 - loss:      the causal-LM forward computes its loss with fused_linear_cross_entropy (the (N, V) logits never
              exist; float32 loss, mean over non-ignored tokens or sum / num_items_in_batch as transformers does); logits
              are returned only when no labels are given
@@ -21,6 +22,7 @@ import types
 import torch
 
 from .flash_attention import flash_attention
+from .flash_attention_varlen import flash_attention_varlen
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
 from .nn import RMSNorm, SwiGLUMLP
 from .rotary import apply_rotary
@@ -100,22 +102,82 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
-                      softcap=None, **kwargs):  # fmt: skip
-    """transformers' attention-function interface on flash_attention: query (B, Hq, S, D), key / value (B, Hk, Sk,
-    D); returns ((B, S, Hq, D), None)."""
+                      softcap=None, position_ids=None, cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None,
+                      max_length_k=None, **kwargs):  # fmt: skip
+    """transformers' attention-function interface: query (B, Hq, S, D), key / value (B, Hk, Sk, D); returns
+    ((B, S, Hq, D), None). As transformers' flash-attention path: a padding mask (B, Sk) (true at tokens) unpads the
+    batch into packed sequences (padding rows give 0); a batch of one packed sequence comes with cu_seq_lens_* and
+    max_length_* or with position_ids that restart at each sequence; flash_attention_varlen runs those,
+    flash_attention the rest."""
     if dropout:
         raise ValueError(f"tile_kernels attention: dropout must be 0, got {dropout}")
-    if attention_mask is not None:
-        raise ValueError(
-            "tile_kernels attention: padding masks are not supported (batches of unpadded sequences only; for padded "
-            "batches patch with apply_to(model, attention=False)); got an attention mask of shape "
-            f"{tuple(attention_mask.shape)}"
-        )
-    causal = getattr(module, "is_causal", True)
     window = (sliding_window - 1, -1) if sliding_window else (-1, -1)
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    out = flash_attention(q, k, v, causal=causal, window=window, softmax_scale=scaling, softcap=softcap or 0.0)
-    return out, None
+    options = dict(causal=getattr(module, "is_causal", True), window=window, softmax_scale=scaling,
+                   softcap=softcap or 0.0)  # fmt: skip
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, S, H, D)
+    if attention_mask is not None:
+        return _unpadded(q, k, v, attention_mask, options), None
+    if cu_seq_lens_q is None and q.shape[0] == 1 and q.shape[1] == k.shape[1] > 1:
+        cu_seq_lens_q, max_length_q = _restarts(position_ids)
+        cu_seq_lens_k, max_length_k = cu_seq_lens_q, max_length_q
+    if cu_seq_lens_q is not None:
+        cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32)
+        out = flash_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, int(max_length_q), int(max_length_k), **options)
+        return out[None], None
+    return flash_attention(q, k, v, **options), None
+
+
+_LAST_RESTARTS: list = [None, (None, None)]  # position_ids and _restarts' answer: one forward's layers share them
+
+
+def _restarts(position_ids) -> tuple:
+    """(sequence offsets int32 (B + 1,), longest sequence) of one row of packed sequences whose position_ids (1, S)
+    restart at each sequence; (None, None) when they only count up (one sequence) or are absent. Host syncs once a
+    forward: every layer gets the same position_ids tensor."""
+    if position_ids is None:
+        return None, None
+    if _LAST_RESTARTS[0] is not position_ids:
+        positions = position_ids.reshape(-1)
+        starts = (positions[1:] <= positions[:-1]).nonzero()[:, 0] + 1
+        answer = None, None
+        if starts.numel():
+            bounds = (positions.new_zeros(1), starts, positions.new_full((1,), positions.numel()))
+            offsets = torch.cat(bounds).to(torch.int32)
+            answer = offsets, int(offsets.diff().max())
+        _LAST_RESTARTS[:] = position_ids, answer
+    return _LAST_RESTARTS[1]
+
+
+_LAST_UNPADDING: list = [None, None]  # (mask, S) and _unpadding's answer: one forward's layers share them
+
+
+def _unpadding(mask, seqlen_q: int) -> tuple:
+    """For a 2-D mask (B, Sk') whose last S positions are the queries: (token rows of the (B * S) queries, their
+    offsets, the longest; the same for the (B * Sk') keys). Host syncs once a forward: every layer gets the same
+    mask tensor."""
+    last = _LAST_UNPADDING[0]
+    if last is None or last[0] is not mask or last[1] != seqlen_q:
+        keep_k = mask.bool()
+        answer = []
+        for keep in (keep_k[:, -seqlen_q:], keep_k):
+            lengths = keep.sum(1, dtype=torch.int32)
+            offsets = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+            answer += [keep.reshape(-1).nonzero()[:, 0], offsets, int(lengths.max())]
+        _LAST_UNPADDING[:] = (mask, seqlen_q), tuple(answer)
+    return _LAST_UNPADDING[1]
+
+
+def _unpadded(q, k, v, mask, options):
+    """Attention of a padded batch (B, S, H, D) whose 2-D mask (B, Sk') marks the tokens of the last Sk' key positions
+    (keys past it are unused slots of a static cache) and, in its last S positions, the queries: the tokens packed,
+    attended as sequences, and scattered back (0 at padding)."""
+    batch, seqlen_q = q.shape[:2]
+    k, v = k[:, : mask.shape[1]], v[:, : mask.shape[1]]
+    rows_q, cu_q, max_q, rows_k, cu_k, max_k = _unpadding(mask, seqlen_q)
+    out = flash_attention_varlen(q.flatten(0, 1)[rows_q], k.flatten(0, 1)[rows_k], v.flatten(0, 1)[rows_k], cu_q,
+                                 cu_k, max_q, max_k, **options)  # fmt: skip
+    padded = out.new_zeros((batch * seqlen_q, *out.shape[1:])).index_copy(0, rows_q, out)
+    return padded.view(batch, seqlen_q, *out.shape[1:])
 
 
 def register_attention() -> None:
