@@ -6,6 +6,7 @@ Imports neither torch nor JAX. The adapters `tile_kernels.torch` and `tile_kerne
 from . import (  # noqa: F401
     cross_entropy,
     decode_attention,
+    dequant_matmul,
     flash_attention,
     flash_attention_varlen,
     fused_linear_cross_entropy,

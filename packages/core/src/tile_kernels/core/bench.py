@@ -38,6 +38,7 @@ OPTIONS = {
     "flash_attention_varlen": {"causal": False, "window": False, "gqa": 1, "cross": False, "softcap": False},
     "decode_attention": {"paged": False, "gqa": 4, "page_size": 64},
     "mla_decode": {"paged": True, "page_size": 64},
+    "dequant_matmul": {"zeros": False, "group_size": 128},
 }
 # Variants of OPTIONS benchmarked as separate cases, named by a tag after the shape.
 VARIANTS = {
@@ -64,6 +65,10 @@ def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
         return [(max(1, elements // (1 << 13)), 128256)]  # 8192 tokens at the default size
     if op in ("flash_attention", "flash_attention_varlen"):  # (B, S, H, D): 4 x 8192 tokens of 32 heads of 128
         return [(4, max(64, elements // (1 << 13)), 32, 128)]
+    if op == "dequant_matmul":  # (M, K, N): Llama-3-70B's MLP up projection at batch 1, 16 and a 4096-token prefill
+        scale = min(1.0, elements / ELEMENTS)  # a smaller --elements shrinks K and N alike
+        k, n = (max(256, round(d * scale) // 128 * 128) for d in (8192, 28672))
+        return [(m, k, n) for m in dict.fromkeys((1, 16, max(16, round(4096 * scale))))]
     if op in ("decode_attention", "mla_decode"):  # (B, capacity, heads, head dim), every sequence full
         scale = min(1.0, elements / ELEMENTS)  # a smaller --elements shrinks the batches and contexts alike
         sizes = dict.fromkeys((max(1, round(b * scale)), max(256, round(s * scale))) for b, s in DECODE_SIZES)

@@ -234,6 +234,13 @@ def _mla_decode_fwd(paged: bool = False) -> Kernel:
     return Kernel(_present(args, block_table=paged), {"out": "b h c", "lse": "b h"}, ("h",) if paged else ("b", "h"))
 
 
+def _dequant_matmul_fwd(zeros: bool = False) -> Kernel:
+    """Rows of a and columns of the weights (codes, scales, zeros) and of the output; K (k, its packed words p, its
+    groups g) stays whole."""
+    args = _present({"a": "m k", "qweight": "p n", "scales": "g n", "zeros": "g n"}, zeros=zeros)
+    return Kernel(args, {"out": "m n"}, ("m", "n"))
+
+
 KERNELS: dict[str, Callable[..., Kernel]] = {
     "rms_norm_fwd": _rms_norm_fwd,
     "rms_norm_bwd": _rms_norm_bwd,
@@ -257,6 +264,7 @@ KERNELS: dict[str, Callable[..., Kernel]] = {
     "flash_attention_varlen_fwd": _flash_attention_varlen_fwd,
     "flash_attention_varlen_bwd": _flash_attention_varlen_bwd,
     "decode_attention_fwd": _decode_attention_fwd,
+    "dequant_matmul_fwd": _dequant_matmul_fwd,
     "mla_decode_fwd": _mla_decode_fwd,
 }
 
@@ -304,6 +312,7 @@ RULES: dict[str, Callable[[Mapping[str, Any]], Split]] = {
         _flash_attention_varlen_fwd(kwargs["q"].shape[1], kwargs["k"].shape[1]), "out"
     ),
     "decode_attention": _decode_attention,
+    "dequant_matmul": lambda kwargs: _public(_dequant_matmul_fwd(_given(kwargs, "zeros")), "out"),
     "mla_decode": _mla_decode,
     "cross_entropy": lambda kwargs: _public(_cross_entropy_fwd(kwargs.get("reduction", "mean")), "loss"),
     "fused_linear_cross_entropy": lambda kwargs: _public(

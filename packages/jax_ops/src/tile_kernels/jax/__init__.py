@@ -6,6 +6,7 @@ Without either, a call raises a clear error; there is no silent fallback to a jn
 
 from .cross_entropy import cross_entropy
 from .decode_attention import decode_attention
+from .dequant_matmul import dequant_matmul
 from .flash_attention import flash_attention
 from .flash_attention_varlen import flash_attention_varlen
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
@@ -16,6 +17,6 @@ from .softmax import softmax
 from .swiglu import swiglu
 
 __all__ = [
-    "apply_rotary", "cross_entropy", "decode_attention", "flash_attention", "flash_attention_varlen",
+    "apply_rotary", "cross_entropy", "decode_attention", "dequant_matmul", "flash_attention", "flash_attention_varlen",
     "fused_linear_cross_entropy", "layer_norm", "mla_decode", "rms_norm", "softmax", "swiglu",
 ]  # fmt: skip

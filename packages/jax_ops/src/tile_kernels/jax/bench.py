@@ -126,6 +126,15 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return out[seq, rows - cu_seqlens_q[seq]]
 
 
+def dequant_matmul(a, qweight, scales, group_size=128, zeros=None):
+    """The int4 codes unpacked by shifts, (code - zero) * scale in float32, rounded to a's dtype, then a @ W."""
+    codes = (qweight[:, None, :] >> jnp.arange(0, 32, 4, dtype=jnp.int32)[None, :, None]) & 0xF
+    codes = codes.reshape(-1, qweight.shape[1]).astype(jnp.float32)
+    zero = 8.0 if zeros is None else jnp.repeat(zeros.astype(jnp.float32), group_size, axis=0)
+    w = (codes - zero) * jnp.repeat(scales.astype(jnp.float32), group_size, axis=0)
+    return jnp.matmul(a, w.astype(a.dtype), preferred_element_type=jnp.float32).astype(a.dtype)
+
+
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
     """The cache gathered (through the block table when paged) and masked past each length, heads expanded for GQA,
     softmax in float32 (a sequence of length 0 gives 0)."""
@@ -158,7 +167,7 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 
 REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                      fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
-                                     decode_attention, mla_decode)}  # fmt: skip
+                                     decode_attention, dequant_matmul, mla_decode)}  # fmt: skip
 
 
 def _pallas(op: str):

@@ -7,6 +7,7 @@ from . import nn
 from ._distributed import register_rules
 from .cross_entropy import cross_entropy, cross_entropy_bwd, cross_entropy_fwd
 from .decode_attention import decode_attention, decode_attention_fwd
+from .dequant_matmul import dequant_matmul, dequant_matmul_fwd
 from .flash_attention import flash_attention, flash_attention_bwd, flash_attention_fwd
 from .flash_attention_varlen import flash_attention_varlen, flash_attention_varlen_bwd, flash_attention_varlen_fwd
 from .fused_linear_cross_entropy import (
@@ -26,7 +27,7 @@ register_rules()  # DTensor sharding strategies of the ops above (tile_kernels.c
 
 __all__ = [
     "apply_rotary", "apply_rotary_bwd", "apply_rotary_fwd", "apply_to", "cross_entropy", "cross_entropy_bwd",
-    "cross_entropy_fwd", "decode_attention", "decode_attention_fwd",
+    "cross_entropy_fwd", "decode_attention", "decode_attention_fwd", "dequant_matmul", "dequant_matmul_fwd",
     "flash_attention", "flash_attention_bwd", "flash_attention_fwd",
     "flash_attention_varlen", "flash_attention_varlen_bwd", "flash_attention_varlen_fwd",
     "fused_linear_cross_entropy", "fused_linear_cross_entropy_bwd", "fused_linear_cross_entropy_fwd",

@@ -104,6 +104,7 @@ _OPTIONS = {
     "decode_attention_fwd": lambda args: dict(
         **_heads("q", "k_cache")(args), q_ndim=len(args["q"].shape), paged=args["block_table"] is not None
     ),
+    "dequant_matmul_fwd": _given("zeros"),
     "mla_decode_fwd": lambda args: dict(paged=args["block_table"] is not None),
 }
 

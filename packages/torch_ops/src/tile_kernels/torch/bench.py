@@ -122,6 +122,19 @@ def _padded(t, cu_seqlens, longest):
     return t[rows.clamp(0, max(t.shape[0] - 1, 0))] if t.shape[0] else t.new_zeros(rows.shape + t.shape[1:])
 
 
+def dequant_weight(qweight, scales, group_size=128, zeros=None):
+    """W (K, N) in scales' dtype: the int4 codes unpacked by shifts, (code - zero) * scale in float32."""
+    shifts = torch.arange(0, 32, 4, device=qweight.device, dtype=torch.int32)
+    codes = ((qweight[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(-1, qweight.shape[1]).float()
+    zero = 8.0 if zeros is None else zeros.float().repeat_interleave(group_size, 0)
+    return ((codes - zero) * scales.float().repeat_interleave(group_size, 0)).to(scales.dtype)
+
+
+def dequant_matmul(a, qweight, scales, group_size=128, zeros=None):
+    """The weight dequantized on every call, then a @ W (cuBLAS)."""
+    return a @ dequant_weight(qweight, scales, group_size, zeros)
+
+
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
     """The cache gathered (through the block table when paged) and masked past each length, heads expanded for GQA,
     softmax in float32 (a sequence of length 0 gives 0)."""
@@ -152,7 +165,7 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 
 EAGER = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                   fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
-                                  decode_attention, mla_decode)}  # fmt: skip
+                                  decode_attention, dequant_matmul, mla_decode)}  # fmt: skip
 
 
 # Peers left out of torch.compile: Inductor's code for the padded varlen peer raised a device-side assert at the
@@ -172,6 +185,18 @@ def _sdpa(backend: str):
             return flash_attention(q, k, v, causal, window, softmax_scale, softcap)
 
     return attention
+
+
+def _dequantized_once(a, qweight, scales, group_size=128, zeros=None):
+    """a @ W with W dequantized at the first call of these weights (cached by qweight's pointer): cuBLAS alone."""
+    key = (qweight.data_ptr(), scales.data_ptr(), group_size)
+    if key not in _DEQUANTIZED:
+        _DEQUANTIZED.clear()
+        _DEQUANTIZED[key] = dequant_weight(qweight, scales, group_size, zeros)
+    return a @ _DEQUANTIZED[key]
+
+
+_DEQUANTIZED: dict = {}
 
 
 def _as_batch(attention):
@@ -346,6 +371,8 @@ class Provider:
         impls["liger"] = _liger(op)
         if op == "flash_attention":
             impls |= {"sdpa cudnn": _sdpa("CUDNN_ATTENTION"), "sdpa flash": _sdpa("FLASH_ATTENTION")}
+        if op == "dequant_matmul":  # the anchor: cuBLAS on the weight dequantized once, in a's dtype
+            impls["torch.mm (dequantized weight)"] = _dequantized_once
         if op == "flash_attention_varlen":  # the benchmark's sequences have one length: the same work as a batch
             impls |= {
                 f"{name} (as a batch)": _as_batch(fn)

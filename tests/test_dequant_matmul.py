@@ -1,0 +1,120 @@
+"""dequant_matmul beyond the registry-driven suite: the packing convention (code k = 8 i + j in bits 4j .. 4j + 3,
+unsigned, high nibbles included), the weights themselves recovered through an identity, and the adapters' guarantees
+(JAX jit / vmap, torch opcheck and torch.compile), and the benchmark peers on every option."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import DEVICE
+from drivers import DRIVERS
+
+from tile_kernels.core import dequant_matmul as dm
+from tile_kernels.core.registry import round_to
+
+needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
+needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
+
+
+def test_packing_convention():
+    """0x76543210 holds codes 0 .. 7 low nibble first; 0xFEDCBA98 (negative as int32) holds 8 .. 15."""
+    qweight = np.array([[0x76543210, 0], [np.uint32(0xFEDCBA98).view(np.int32), 0]], np.int32)
+    assert dm.codes(qweight)[:, 0].tolist() == list(range(16))
+    codes = np.random.default_rng(0).integers(0, 16, (24, 5))
+    assert np.array_equal(dm.codes(dm.pack(codes)), codes)
+
+
+@pytest.mark.parametrize("zeros, group_size", [(False, 8), (True, 16), (True, 32)])
+def test_identity_recovers_the_weights(driver, zeros, group_size):
+    """a = I (K x K): the output is W itself, exactly (each output sums one product), for every code and group."""
+    rng = np.random.default_rng(1)
+    k, n = 32, 40
+    groups = (k // group_size, n)
+    kwargs = dict(a=round_to(np.eye(k), "bfloat16"), qweight=dm.pack(rng.integers(0, 16, (k, n))),
+                  scales=round_to(rng.uniform(-2, 2, groups), "bfloat16"), group_size=group_size,
+                  zeros=round_to(rng.integers(0, 16, groups).astype(float), "bfloat16") if zeros else None)  # fmt: skip
+    (out,) = driver.call(dm.NAME, kwargs)
+    np.testing.assert_array_equal(out, dm.weight(kwargs["qweight"], kwargs["scales"], group_size, kwargs["zeros"]))
+
+
+@needs_jax
+def test_jax_jit_and_vmap():
+    import jax
+    import jax.numpy as jnp
+
+    import tile_kernels.jax as tk
+
+    base = dm.sample(np.random.default_rng(2), (5, 48), "float32", zeros=True, group_size=32)
+    problems = [
+        {"a": base["a"] * (1 + i), "qweight": np.roll(base["qweight"], i, axis=1),
+         "scales": base["scales"] * (1 - 0.25 * i), "zeros": np.roll(base["zeros"], i)}
+        for i in range(3)
+    ]  # fmt: skip
+    stacked = {k: jnp.stack([p[k] for p in problems]) for k in ("a", "qweight", "scales", "zeros")}
+
+    def f(a, qweight, scales, zeros):
+        return tk.dequant_matmul(a, qweight, scales, 32, zeros)
+
+    one = {k: v[0] for k, v in stacked.items()}
+    np.testing.assert_array_equal(jax.jit(f)(**one), f(**one))
+    batched = jax.vmap(f)(**stacked)
+    for i in range(len(problems)):
+        np.testing.assert_allclose(batched[i], f(**{k: v[i] for k, v in stacked.items()}), rtol=1e-6, atol=1e-6)
+
+
+@needs_torch
+def test_torch_opcheck():
+    import torch
+
+    import tile_kernels.torch  # noqa: F401  (registers the ops)
+
+    dev = "cuda" if DEVICE == "gpu" else "cpu"
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    if DEVICE == "gpu":
+        utils += ("test_aot_dispatch_dynamic",)
+    kwargs = dm.sample(np.random.default_rng(3), (5, 48), "float16", zeros=True, group_size=32)
+    a, qweight, scales, zeros = (torch.from_numpy(kwargs[k]).to(dev) for k in ("a", "qweight", "scales", "zeros"))
+    ops = torch.ops.tile_kernels
+    for op, args in [(ops.dequant_matmul_fwd.default, (a, qweight, scales, 32, zeros)),
+                     (ops.dequant_matmul.default, (a, qweight, scales, 32, None))]:  # fmt: skip
+        result = torch.library.opcheck(op, args, test_utils=utils)
+        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "gpu", reason="torch.compile cannot compile Triton kernels in the interpreter")
+def test_torch_compile_fullgraph_matches_eager():
+    import torch
+
+    import tile_kernels.torch as tk
+
+    kwargs = dm.sample(np.random.default_rng(4), (1, 1024, 2048), "bfloat16", zeros=True, group_size=128)
+    a, qweight, scales, zeros = (torch.from_numpy(np.asarray(kwargs[k], np.float32) if k != "qweight" else kwargs[k])
+                                 for k in ("a", "qweight", "scales", "zeros"))  # fmt: skip
+    a, scales, zeros = (t.to("cuda", torch.bfloat16) for t in (a, scales, zeros))
+    qweight = qweight.cuda()
+
+    def layer(a):
+        return torch.nn.functional.silu(tk.dequant_matmul(a, qweight, scales, 128, zeros))
+
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(layer, fullgraph=True)(a), layer(a))
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("options", [dict(zeros=True, group_size=32), dict(zeros=False, group_size=8)])
+def test_bench_peers_on_every_option(framework, options):
+    """The benchmark's torch eager and jax.jit peers compute the same op with zeros and small groups too."""
+    from test_bench import _peer
+
+    peer = _peer(framework, dm.NAME)
+    for seed in range(3):
+        kwargs = dm.sample(np.random.default_rng(seed), (3, 40), "float32", **options)
+        np.testing.assert_allclose(peer(kwargs)[0], dm.reference(**kwargs)[0], rtol=2e-5, atol=1e-5)
+
+
+def test_round_to_models_the_kernels_weight_rounding():
+    """The reference rounds W to a's dtype as the kernel does (it multiplies W in that dtype)."""
+    kwargs = dm.sample(np.random.default_rng(5), (2, 16), "bfloat16", group_size=8)
+    w = dm.weight(kwargs["qweight"], kwargs["scales"], 8)
+    assert np.array_equal(w, round_to(w, "bfloat16").astype(np.float64))
