@@ -16,6 +16,9 @@ Kernels (fp32 accumulation, the log-sum-exp kept in base 2 internally):
   * backward: a preprocess kernel (delta), a dK/dV kernel (one program per BLOCK_N keys of a key/value head, looping
     over the Hq / Hk query heads of its group and the query blocks that see the keys: no atomics, GQA included), and
     a dQ kernel (one program per BLOCK_M queries, looping over key blocks as the forward).
+Packed sequences (flash_attention_varlen.py): the same kernels compiled with VARLEN read batch entry b's first row
+and length from cu_seqlens (q (total_q, Hq, D), k / v (total_k, Hk, D), lse (Hq, total_q)); the grid covers the
+longest sequence and a block past its own sequence's end returns at once.
 The window is passed as runtime integers (unbounded = Sq + Sk), so causal / windowed / full attention share one
 compiled kernel; only softcap and the dtype's dot precision (IEEE for float32, no TF32) are compile-time switches.
 Head dims up to 256, padded to a power of two >= 32 (EVEN_D when the head dim is one). Offsets of (batch, head)
