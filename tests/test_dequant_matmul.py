@@ -37,6 +37,28 @@ def test_identity_recovers_the_weights(driver, zeros, group_size):
     np.testing.assert_array_equal(out, dm.weight(kwargs["qweight"], kwargs["scales"], group_size, kwargs["zeros"]))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "m, group_size, zeros",
+    [(1, 128, False), (1, 8, True), (3, 64, True), (4, 128, False), (16, 256, True), (16, 8, False), (17, 128, True)],
+)
+def test_decode_sizes_split_k(driver, dtype, m, group_size, zeros):
+    """Decode-sized rows: the FMA kernel (one row) and the tensor-core one (a product per nibble where steps are 128
+    deep), K split over programs (partial products summed after) and not, against the float64 reference; which plan
+    each size gets (the CPU's target has 4 SMs)."""
+    from tile_kernels.core.plan import Target
+
+    k, n = 512, 200
+    b = dm.blocks(m, n, k, group_size, dtype, Target(32, 4))
+    assert b.gemv == (m == 1), b
+    assert (b.split_k > 1) == (m == 1 or (m <= 16 and dtype != "float32" and group_size % b.block_k == 0)), b
+    kwargs = dm.sample(np.random.default_rng(m), (m, k, n), dtype, zeros=zeros, group_size=group_size)
+    (out,) = driver.call(dm.NAME, kwargs)
+    (ref,) = dm.reference(**kwargs)
+    tol = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+    np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
 @needs_jax
 def test_jax_jit_and_vmap():
     import jax
@@ -114,7 +136,7 @@ def test_bench_peers_on_every_option(framework, options):
 
 
 def test_round_to_models_the_kernels_weight_rounding():
-    """The reference rounds W to a's dtype as the kernel does (it multiplies W in that dtype)."""
+    """The reference rounds W to a's dtype, as a dequantize-then-multiply does (and the prefill kernel)."""
     kwargs = dm.sample(np.random.default_rng(5), (2, 16), "bfloat16", group_size=8)
     w = dm.weight(kwargs["qweight"], kwargs["scales"], 8)
     assert np.array_equal(w, round_to(w, "bfloat16").astype(np.float64))

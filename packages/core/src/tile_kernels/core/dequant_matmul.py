@@ -6,18 +6,27 @@ and zeros (K / group_size, N) in a's dtype:
     W[k, n] = (code[k, n] - zeros[k // group_size, n]) * scales[k // group_size, n]     (zeros = 8 when None)
 Returns (M, N) in a's dtype. Not differentiable (inference).
 
-Kernel: one program per (BLOCK_M rows, BLOCK_N columns) output tile, streaming K in BLOCK_K steps: the step's packed
-codes (BLOCK_K / 8, BLOCK_N) are read once (a coalesced row of N int32 per 8 k), unpacked in registers by shifts,
-scaled in fp32 and rounded to a's dtype, then multiplied on the tensor cores with fp32 accumulation. When BLOCK_K
-divides group_size each step reads one row of scales (and zeros); otherwise a scale per (k, n). The weights are read
-once per row block: at decode sizes (M <= 16, one row block) the kernel streams the int4 weights, a quarter of fp16's
-bytes. Design limits: K a multiple of 8 (whole int32 words) and of group_size; no split-K yet (N / BLOCK_N programs at
-M <= 16 should cover the SMs: BLOCK_N shrinks to 32 for narrow N).
+Kernels (`blocks` picks one and its tiles; each streams K in BLOCK_K steps, a step's packed codes (BLOCK_K / 8,
+BLOCK_N) read once as coalesced rows of N int32, unpacked in registers by shifts and masks; the weights are read once
+per row block, so at decode sizes the kernels stream the int4 weights, a quarter of fp16's bytes):
+  * dequant_gemv_kernel, one row of `a` (decode at batch 1): FMA units, per-word partial sums, the codes turned into
+    floats by their bits (1 + code / 16), the group's zero and scale applied once per step.
+  * dequant_matmul_kernel, tensor cores, fp32 accumulation. Where a step lies in one group (BLOCK_K divides
+    group_size) the scale can follow the product: s (a @ (MAGIC + code) - (MAGIC + z) rowsum(a)), MAGIC + code made
+    by OR-ing the code into the float MAGIC (`magic`), so W is never formed (POST_SCALE, decode sizes); at 128-deep
+    steps as eight products of depth 16, one per nibble, so no interleave of the codes (BY_NIBBLE). Otherwise W =
+    (code - z) s is formed in fp32 and rounded to a's dtype before the product (prefill sizes, groups narrower than a
+    step: a scale per (k, n)).
+  K may be split over programs (SPLIT_K: decode sizes, so that enough programs stream the weights), the fp32 partial
+products then summed in a fixed order (rows.sum_partials). The reference (`weight`) rounds W to a's dtype, as the
+dequantize-then-multiply it stands for; the POST_SCALE and FMA paths skip that rounding (within the tolerance).
+Design limits: K a multiple of 8 (whole int32 words) and of group_size.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import triton
@@ -28,6 +37,7 @@ from .flash_attention import dot
 from .host import interpreting
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
+from .rows import sum_partials
 
 NAME = "dequant_matmul"
 DTYPES = ("float32", "float16", "bfloat16")
@@ -35,48 +45,152 @@ DEFAULT_ZERO = 8  # the code of 0 when no zeros are given (symmetric int4)
 
 
 @triton.jit
+def _codes(packed):
+    """The step's int4 codes (BLOCK_K, BLOCK_N) int32 in K's order, from its packed words (BLOCK_K / 8, BLOCK_N)."""
+    shifts = tl.arange(0, 8) * 4
+    codes = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # (BLOCK_K / 8, 8, BLOCK_N): k = 8 i + j
+    return tl.reshape(codes, (8 * packed.shape[0], packed.shape[1]))
+
+
+@triton.jit
+def _biased(codes, dtype: tl.constexpr):
+    """MAGIC + code in `dtype` (`magic`): in 16-bit floats the code ORed into the low mantissa bits of MAGIC, exact,
+    no integer-to-float conversion; in float32 the code itself."""
+    if dtype == tl.bfloat16:  # 0x4300 is 128.0
+        return (codes | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif dtype == tl.float16:  # 0x6400 is 1024.0
+        return (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+    else:
+        return codes.to(tl.float32)
+
+
+@triton.jit
+def _as_float(codes):
+    """The codes as exact float32 from the bits of 2^23 + code (cheaper than an integer-to-float conversion)."""
+    return (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
 def dequant_matmul_kernel(
     A, QW, S, Z, M, N, K, group_size, stride_a, stride_qw, stride_s, stride_z,
     OUT,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_ZEROS: tl.constexpr,
-    ONE_GROUP: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    HAS_ZEROS: tl.constexpr, ONE_GROUP: tl.constexpr, POST_SCALE: tl.constexpr, BY_NIBBLE: tl.constexpr,
+    MAGIC: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). OUT (M, N) compact = A @ W (the module's formula)."""
+    """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K); the tensor-core kernel. OUT (M, N) compact = A @ W (the
+    module's formula), or with SPLIT_K > 1 (SPLIT_K, M, N) fp32: slice s of the K steps' partial products."""
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < M, cols < N
     kk = tl.arange(0, BLOCK_K)
     words = tl.arange(0, BLOCK_K // 8)
-    shifts = tl.arange(0, 8) * 4
     a_rows = A + rows[:, None].to(tl.int64) * stride_a
+    steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_begin = tl.program_id(2) * steps * BLOCK_K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_begin, tl.minimum(K, k_begin + steps * BLOCK_K), BLOCK_K):
         k_ok = k0 + kk < K
         a = tl.load(a_rows + (k0 + kk)[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w_rows = k0 // 8 + words
+        w_ok = w_rows < K // 8
         packed = tl.load(QW + w_rows[:, None].to(tl.int64) * stride_qw + cols[None, :],
-                         mask=(w_rows < K // 8)[:, None] & col_ok[None, :], other=0)  # fmt: skip
-        codes = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # (BLOCK_K / 8, 8, BLOCK_N): k = 8 i + j
-        codes = tl.reshape(codes, (BLOCK_K, BLOCK_N)).to(tl.float32)
-        if ONE_GROUP:  # the step lies in one group: one row of scales (and zeros)
+                         mask=w_ok[:, None] & col_ok[None, :], other=0)  # fmt: skip
+        if ONE_GROUP:  # the step lies in one group: a row of scales (and zeros)
             group = k0 // group_size
-            s = tl.load(S + group * stride_s + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            s = tl.load(S + group * stride_s + cols, mask=col_ok, other=0.0).to(tl.float32)
             if HAS_ZEROS:
-                z = tl.load(Z + group * stride_z + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+                z = tl.load(Z + group * stride_z + cols, mask=col_ok, other=0.0).to(tl.float32)
             else:
-                z = 8.0
-        else:
-            group = ((k0 + kk) // group_size).to(tl.int64)[:, None]
-            mask = k_ok[:, None] & col_ok[None, :]
-            s = tl.load(S + group * stride_s + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            if HAS_ZEROS:
-                z = tl.load(Z + group * stride_z + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                z = tl.full((BLOCK_N,), 8.0, tl.float32)
+        if POST_SCALE:  # acc += s (a @ (MAGIC + code) - (MAGIC + z) rowsum(a)): W itself never formed
+            if BY_NIBBLE:  # a product per nibble j: the words' codes j times a's k = 8 i + j (no interleave)
+                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for j in tl.static_range(8):
+                    a_j = tl.load(a_rows + (k0 + 8 * words + j)[None, :], mask=row_ok[:, None] & w_ok[None, :],
+                                  other=0.0)  # fmt: skip
+                    part += dot(a_j, _biased((packed >> (4 * j)) & 0xF, A.dtype.element_ty), IEEE)
             else:
-                z = 8.0
-        w = ((codes - z) * s).to(A.dtype.element_ty)
-        acc += dot(a, w, IEEE)
-    out = OUT + rows[:, None].to(tl.int64) * N + cols[None, :]
+                part = dot(a, _biased(_codes(packed), A.dtype.element_ty), IEEE)
+            a_sum = tl.sum(a.to(tl.float32), axis=1)
+            acc += (part - a_sum[:, None] * (z + MAGIC)[None, :]) * s[None, :]
+        elif BY_NIBBLE:  # as below, a product per nibble (ONE_GROUP)
+            for j in tl.static_range(8):
+                a_j = tl.load(a_rows + (k0 + 8 * words + j)[None, :], mask=row_ok[:, None] & w_ok[None, :],
+                              other=0.0)  # fmt: skip
+                w = (_as_float((packed >> (4 * j)) & 0xF) - z[None, :]) * s[None, :]
+                acc += dot(a_j, w.to(A.dtype.element_ty), IEEE)
+        else:  # W = (code - z) s in fp32, rounded to a's dtype
+            codes = _as_float(_codes(packed))
+            if ONE_GROUP:
+                w = (codes - z[None, :]) * s[None, :]
+            else:
+                group = ((k0 + kk) // group_size).to(tl.int64)[:, None]
+                mask = k_ok[:, None] & col_ok[None, :]
+                s = tl.load(S + group * stride_s + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                if HAS_ZEROS:
+                    z = tl.load(Z + group * stride_z + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                    w = (codes - z) * s
+                else:
+                    w = (codes - 8.0) * s
+            acc += dot(a, w.to(A.dtype.element_ty), IEEE)
+    out = OUT + tl.program_id(2).to(tl.int64) * M * N + rows[:, None].to(tl.int64) * N + cols[None, :]
     tl.store(out, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _one_plus_code_16th(packed, j: tl.constexpr):
+    """1 + code / 16 in float32 for nibble j of each word: the nibble moved to the top of the mantissa of 1.0 (bits
+    19 .. 22) by one shift and one and-or: exact, no integer-to-float conversion, no subtraction."""
+    if 4 * j <= 19:
+        moved = packed << (19 - 4 * j)
+    else:
+        moved = packed >> (4 * j - 19)
+    return ((moved & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def dequant_gemv_kernel(
+    A, QW, S, Z, M, N, K, group_size, stride_a, stride_qw, stride_s, stride_z,
+    OUT,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_ZEROS: tl.constexpr,
+):  # fmt: skip
+    """As dequant_matmul_kernel for one row of `a` (grid (cdiv(N, BLOCK_N), M, SPLIT_K)), on the FMA units: a step's
+    words (BLOCK_K / 8, BLOCK_N) stay in the layout they are loaded in (the next step's load issued before this
+    step's math); nibble j of every word, as x = 1 + code / 16, multiplies the element k = 8 i + j of `a` into
+    per-word partial sums p = sum_j a_j x_j, so that sum_j a_j (code_j - z) = 16 p - (16 + z) sum_j a_j; the sum over
+    the words is taken once, after the loop. Per weight element: a shift, an and-or and a multiply-add. BLOCK_K
+    divides group_size."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    words = tl.arange(0, BLOCK_K // 8)
+    a_row = A + tl.program_id(1).to(tl.int64) * stride_a
+    steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_begin = tl.program_id(2) * steps * BLOCK_K
+    k_end = tl.minimum(K, k_begin + steps * BLOCK_K)
+    w_ptrs = QW + (k_begin // 8 + words)[:, None].to(tl.int64) * stride_qw + cols[None, :]
+    packed = tl.load(w_ptrs, mask=((k_begin // 8 + words) < k_end // 8)[:, None] & col_ok[None, :], other=0)
+    acc = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        w_rows = k0 // 8 + words
+        w_ptrs += (BLOCK_K // 8) * stride_qw
+        following = tl.load(w_ptrs, mask=(w_rows + BLOCK_K // 8 < k_end // 8)[:, None] & col_ok[None, :], other=0)
+        part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
+        a_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)
+        for j in tl.static_range(8):
+            a = tl.load(a_row + 8 * w_rows + j).to(tl.float32)
+            part += a[:, None] * _one_plus_code_16th(packed, j)
+            a_sum += a
+        group = k0 // group_size
+        s = tl.load(S + group * stride_s + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if HAS_ZEROS:
+            z = tl.load(Z + group * stride_z + cols, mask=col_ok, other=0.0).to(tl.float32)
+            acc += (16.0 * part - a_sum[:, None] * (16.0 + z)[None, :]) * s[None, :]
+        else:
+            acc += (16.0 * part - a_sum[:, None] * 24.0) * s[None, :]
+        packed = following
+    out = OUT + tl.program_id(2).to(tl.int64) * M * N + tl.program_id(1).to(tl.int64) * N + cols
+    tl.store(out, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=col_ok)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -105,40 +219,87 @@ def check(a, qweight, scales, group_size=128, zeros=None) -> None:
         checks.check_shape(NAME, "zeros", zeros, groups, "(K / group_size, N)")
 
 
-def _blocks(m: int, n: int, group_size: int, dtype: str, target: Target) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): decode-sized M in 16-row tiles, with BLOCK_N small enough for
-    two programs an SM; prefill-sized M in 128 x 128 tiles (16 x 32 in float32). BLOCK_K the largest of 128 .. 16
-    that divides the group. Wavefront-64 (AMD) targets, 64 KiB of LDS: one software-pipelining stage."""
-    block_k = next((b for b in (128, 64, 32, 16) if group_size % b == 0), 32)
+@dataclass(frozen=True)
+class Blocks:
+    """A launch configuration: the kernel (dequant_gemv_kernel if gemv, else dequant_matmul_kernel), its constexprs
+    of the same names, and the split of K over programs (partial products summed after)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+    split_k: int = 1
+    gemv: bool = False
+    post_scale: bool = True
+    by_nibble: bool = False
+
+
+def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) -> Blocks:
+    """One row: the FMA kernel, 256 columns a program, K split so that about six programs an SM stream the weights;
+    up to 16 rows: one 16-row tensor-core tile of 256 columns, a product per nibble, K split likewise; up to 64:
+    64-row tiles; prefill-sized M: 128 x 128 tiles (16 x 32 in float32) with W formed in a's dtype. BLOCK_K the
+    largest of 128 .. 16 that divides the group (one scale row a step; 64 .. 8 for the FMA kernel). The fastest of
+    benchmarks/sweep_dequant_matmul.py on an H200 (benchmarks/results/h200/notes.md). Wavefront-64 (AMD) targets,
+    64 KiB of LDS: one software-pipelining stage."""
     stages = 1 if target.warp_size == 64 else 3
+
+    def split(block_n, block_k):
+        return max(1, min(cdiv(k, block_k), cdiv(6 * target.num_sms, cdiv(n, block_n))))
+
+    if m == 1 and group_size % 8 == 0:
+        block_k = next(b for b in (64, 32, 16, 8) if group_size % b == 0)
+        return Blocks(1, 256, block_k, 4, stages, split(256, block_k), gemv=True)
+    block_k = next((b for b in (128, 64, 32, 16) if group_size % b == 0), 32)
     if dtype == "float32":  # IEEE products (no TF32) hold more registers: small tiles
-        return 16, 32, min(block_k, 32), 4, min(stages, 2)
+        return Blocks(16, 32, min(block_k, 32), 4, min(stages, 2))
+    if m <= 16:
+        one_group = group_size % block_k == 0
+        return Blocks(16, 256, block_k, 4, stages, split(256, block_k) if one_group else 1, by_nibble=True)
     if m <= 64:
-        block_m = 16 if m <= 16 else 64
         block_n = next((b for b in (128, 64) if cdiv(n, b) >= 2 * target.num_sms), 32)
-        return block_m, block_n, block_k, 4, stages
-    return 128, 128, min(block_k, 64), 8, stages
+        return Blocks(64, block_n, block_k, 4, stages)
+    return Blocks(128, 128, min(block_k, 64), 8, stages, post_scale=False)
+
+
+def magic(dtype: str) -> float:
+    """The float whose bit pattern ORed with a code c in 0 .. 15 is MAGIC + c, exactly, in `dtype` (0: converted)."""
+    return {"bfloat16": 128.0, "float16": 1024.0}.get(dtype, 0.0)
 
 
 def forward(m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: bool, target: Target,
             stride_a: int | None = None, stride_qw: int | None = None, stride_s: int | None = None,
             stride_z: int | None = None) -> Plan:  # fmt: skip
     """Inputs a (M, K), qweight (K / 8, N), scales [and zeros] (K / group_size, N), each at its row stride (None:
-    compact) with a unit column stride. Output out (M, N) compact in a's dtype (zeros when K = 0)."""
+    compact) with a unit column stride. Output out (M, N) compact in a's dtype (zeros when K = 0). With K split, a
+    (split, M, N) fp32 buffer of partial products, summed in a fixed order by rows.sum_partials."""
     inputs = {"a": dtype, "qweight": "int32", "scales": dtype} | ({"zeros": dtype} if has_zeros else {})
+    buffers = {"out": BufferSpec((m, n), dtype, zeroed=not (m and n and k))}
     launches = ()
     if m and n and k:
-        block_m, block_n, block_k, warps, stages = _blocks(m, n, group_size, dtype, target)
+        b = blocks(m, n, k, group_size, dtype, target)
         ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())  # see flash_attention._shared
         strides = (k if stride_a is None else stride_a, *(n if s is None else s for s in (stride_qw, stride_s)),
                    (n if stride_z is None else stride_z) if has_zeros else 0)  # fmt: skip
-        launches = (
-            Launch(dequant_matmul_kernel, (cdiv(n, block_n), cdiv(m, block_m)),
-                   ("a", "qweight", "scales", "zeros" if has_zeros else None, m, n, k, group_size, *strides), ("out",),
-                   dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HAS_ZEROS=has_zeros,
-                        ONE_GROUP=group_size % block_k == 0, IEEE=ieee), warps, stages),
-        )  # fmt: skip
-    return Plan(inputs, {"out": BufferSpec((m, n), dtype, zeroed=not launches)}, launches, ("out",))
+        one_group = group_size % b.block_k == 0
+        post_scale = b.post_scale and one_group
+        products = "partial" if b.split_k > 1 else "out"
+        grid = (cdiv(n, b.block_n), cdiv(m, b.block_m), b.split_k)
+        reads = ("a", "qweight", "scales", "zeros" if has_zeros else None, m, n, k, group_size, *strides)
+        constexprs = dict(BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_K=b.block_k, SPLIT_K=b.split_k,
+                          HAS_ZEROS=has_zeros)  # fmt: skip
+        if b.gemv:
+            constexprs = dict(BLOCK_N=b.block_n, BLOCK_K=b.block_k, SPLIT_K=b.split_k, HAS_ZEROS=has_zeros)
+            launches = (Launch(dequant_gemv_kernel, grid, reads, (products,), constexprs, b.warps, b.stages),)
+        else:
+            by_nibble = b.by_nibble and one_group and b.block_k >= 128  # products of K = BLOCK_K / 8 >= 16
+            constexprs |= dict(ONE_GROUP=one_group, POST_SCALE=post_scale, BY_NIBBLE=by_nibble,
+                               MAGIC=magic(dtype) if post_scale else 0.0, IEEE=ieee)  # fmt: skip
+            launches = (Launch(dequant_matmul_kernel, grid, reads, (products,), constexprs, b.warps, b.stages),)
+        if b.split_k > 1:
+            buffers["partial"] = BufferSpec((b.split_k, m, n), "float32")
+            launches += (sum_partials("partial", "out", 1, b.split_k, m * n, target),)
+    return Plan(inputs, buffers, launches, ("out",))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -161,7 +322,7 @@ def pack(codes_kn: np.ndarray) -> np.ndarray:
 
 
 def weight(qweight, scales, group_size, zeros=None) -> np.ndarray:
-    """W (K, N) in float64 as the kernel forms it: (code - zero) * scale, rounded to a's dtype."""
+    """W (K, N) in float64 as a dequantization forms it: (code - zero) * scale, rounded to a's dtype."""
     c = codes(qweight).astype(np.float64)
     s = np.repeat(np.asarray(scales).astype(np.float64), group_size, axis=0)
     z = DEFAULT_ZERO if zeros is None else np.repeat(np.asarray(zeros).astype(np.float64), group_size, axis=0)

@@ -1,0 +1,106 @@
+"""Sweep of dequant_matmul's launch configuration (core.dequant_matmul.Blocks) on the current GPU: device time of the
+torch op (CUDA-graph replays, triton.testing.do_bench_cudagraph), beside cuBLAS on the weight dequantized once
+(torch.mm, the ceiling a W4A16 kernel must beat at decode sizes) in the same run. Llama-3-70B's MLP up projection
+(K 8192, N 28672), bf16, group 128, no zeros. Each line: us, GB/s of the int4 weight (+ scales), TFLOP/s, and the
+max |difference| to the fp32 product of the dequantized weight, relative to its largest entry. The best per M last.
+
+    python benchmarks/sweep_dequant_matmul.py [--m 1 --m 16 --m 4096] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+
+import torch
+import triton.testing
+
+import tile_kernels.torch as tk
+from tile_kernels.core import dequant_matmul as core
+from tile_kernels.torch import _runtime
+
+K, N, GROUP = 8192, 28672, 128
+
+
+def decode_candidates(m):
+    """split_k 0: the heuristic's."""
+    if m == 1:  # the FMA kernel
+        for block_n, block_k, split in itertools.product((128, 256), (64, 128), (0, 8, 16)):
+            yield core.Blocks(1, block_n, block_k, 4, 3, split, gemv=True)
+        yield core.Blocks(1, 256, 64, 8, 3, 16, gemv=True)
+        yield core.Blocks(1, 128, 32, 4, 3, 16, gemv=True)
+    for block_n, warps, split in itertools.product((128, 256), (4, 8), (0, 8, 16)):
+        yield core.Blocks(16, block_n, 128, warps, 3, split, by_nibble=True)
+
+
+def prefill_candidates():
+    for bm, bn, bk, warps, stages, nib in [(128, 128, 64, 8, 3, False), (128, 256, 64, 8, 3, False),
+                                           (256, 128, 64, 8, 3, False), (128, 128, 128, 8, 3, True),
+                                           (128, 256, 128, 8, 3, True), (128, 256, 128, 8, 2, True),
+                                           (256, 128, 128, 8, 2, True), (128, 128, 128, 4, 3, True)]:  # fmt: skip
+        yield core.Blocks(bm, bn, bk, warps, stages, post_scale=False, by_nibble=nib)
+    for bm, bn, bk, warps, stages in [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3)]:
+        yield core.Blocks(bm, bn, bk, warps, stages, by_nibble=True)  # scales after the product
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--m", type=int, action="append", help="rows of a (default: 1, 4, 16, 4096)")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    lines = []
+
+    def say(line):
+        print(line, flush=True)
+        lines.append(line)
+
+    g = torch.Generator("cuda").manual_seed(0)
+    qweight = torch.randint(-(2**31), 2**31 - 1, (K // 8, N), generator=g, device="cuda", dtype=torch.int32)
+    scales = (torch.rand(K // GROUP, N, generator=g, device="cuda") * 0.02 + 0.01).to(torch.bfloat16)
+    codes = (qweight[:, None, :] >> (4 * torch.arange(8, device="cuda"))[None, :, None]) & 0xF
+    w = ((codes.reshape(K, N).float() - 8) * scales.float().repeat_interleave(GROUP, 0)).to(torch.bfloat16)
+    weight_bytes = qweight.nbytes + scales.nbytes
+    default = core.blocks
+    say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; K {K} N {N}")
+    for m in args.m or (1, 4, 16, 4096):
+        a = torch.randn(m, K, generator=g, device="cuda").to(torch.bfloat16)
+        want = a.float() @ w.float()
+        scale = want.abs().max().item()
+        flops = 2 * m * N * K
+        cublas = triton.testing.do_bench_cudagraph(lambda a=a: torch.mm(a, w))
+        say(f"M {m} cuBLAS (dequantized bf16 weight): {cublas * 1e3:.1f} us {flops / cublas / 1e9:.0f} TFLOP/s")
+        results = []
+        for b in decode_candidates(m) if m <= 64 else prefill_candidates():
+
+            def pick(m_, n_, k_, group_size, dtype, target, _b=b):
+                split = _b.split_k or default(m_, n_, k_, group_size, dtype, target).split_k
+                return dataclasses.replace(_b, split_k=split)
+
+            chosen = pick(m, N, K, GROUP, "bfloat16", _runtime.target(a.device))
+            core.blocks = pick
+            _runtime._cached_executor.cache_clear()
+            try:
+                got = tk.dequant_matmul(a, qweight, scales, GROUP)
+                err = (got.float() - want).abs().max().item() / scale
+                ms = triton.testing.do_bench_cudagraph(lambda a=a: tk.dequant_matmul(a, qweight, scales, GROUP))
+            except Exception as e:  # a configuration that does not compile (shared memory, registers)
+                say(f"M {m} {chosen}: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            results.append((ms, str(chosen)))
+            say(f"M {m} {chosen}: {ms * 1e3:.1f} us {weight_bytes / ms / 1e6:.0f} GB/s {flops / ms / 1e9:.0f} "
+                f"TFLOP/s {cublas / ms:.2f}x cuBLAS err {err:.2g}")  # fmt: skip
+        core.blocks = default
+        _runtime._cached_executor.cache_clear()
+        ms = triton.testing.do_bench_cudagraph(lambda a=a: tk.dequant_matmul(a, qweight, scales, GROUP))
+        say(f"M {m} DEFAULT {default(m, N, K, GROUP, 'bfloat16', _runtime.target(a.device))}: {ms * 1e3:.1f} us "
+            f"{cublas / ms:.2f}x cuBLAS")  # fmt: skip
+        ms, best = min(results)
+        say(f"BEST M {m}: {best} {ms * 1e3:.1f} us {cublas / ms:.2f}x cuBLAS")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
