@@ -468,6 +468,44 @@ def test_staged_launches_match_the_persistent_kernel():
 
 
 @needs_interpreter
+def test_a_traced_step_records_every_task_in_a_legal_order(tmp_path):
+    """step.trace(): the same hidden and cache as an untraced step; every task gets wait <= run < end on its program
+    (the interpreter's logical clock: queue order), each wait met by enough of its counter's producers ended before
+    the task ran; the Chrome trace holds one body event a task on its program's thread; the table a row per kind."""
+    import json
+
+    from tile_kernels.megakernel import Trace
+
+    config = DecoderConfig(2, 20, 6, 2, 4, 36, 7)
+    weights = random_weights(config, 3, torch.float32)
+    step = build_decode_step(config, weights, num_sms=4, tiling=Tiling(16, 8, 12, 8, 2), seed=2)
+    cache = torch.randn(config.kv_cache_shape(), generator=torch.Generator().manual_seed(3))
+    cache2 = cache.clone()
+    x = torch.randn(1, config.hidden)
+    want = step(x, cache, 5)
+    got, trace = step.trace(x, cache2, 5)
+    assert isinstance(trace, Trace) and torch.equal(got, want) and torch.equal(cache, cache2)
+    t, tasks = trace.times, step.graph.tasks
+    assert t.shape == (len(tasks), 4) and t[:, :3].min() == 0 and set(t[:, 3].tolist()) == {0}
+    assert (t[:, 0] < t[:, 1]).all() and (t[:, 1] < t[:, 2]).all()
+    producers = step.graph.producers()
+    for task in tasks:
+        for cid, threshold in task.waits:
+            assert sum(t[p, 2] < t[task.id, 1] for p in producers[cid]) >= threshold, task.label
+    trace.save(tmp_path / "step.json")
+    events = json.loads((tmp_path / "step.json").read_text())["traceEvents"]
+    bodies = [e for e in events if e.get("ph") == "X" and e["cat"] != "wait"]
+    assert sorted(e["name"] for e in bodies) == sorted(task.label for task in tasks)
+    assert all(e["tid"] == 0 and e["dur"] > 0 for e in bodies)
+    table = trace.table()
+    for kind in {Kind(task.kind).name for task in tasks}:
+        row = next(line for line in table.splitlines() if line.startswith(f"| {kind} |"))
+        assert int(row.split("|")[2]) == sum(Kind(task.kind).name == kind for task in tasks)
+    with pytest.raises(ValueError, match="needs backend='triton'"):
+        build_decode_step(config, weights, backend="interpreter").trace(x, cache, 5)
+
+
+@needs_interpreter
 def test_an_unmet_wait_names_the_stuck_task_and_counter():
     """A wait whose threshold no launch reaches: the step stops and raises, naming the task and the counter (the
     debug watchdog's record; in the interpreter the wait is found unmet at once); the counters restart after."""
@@ -506,10 +544,10 @@ def test_triton_step_bad_inputs():
 
 
 def test_the_gpu_path_compiles_for_sm90():
-    """Without a GPU: the persistent kernel (debug watchdog and L2 prefetch on), a staged PDL launch, and every body
-    with its int arguments specialized to 1 compile for sm_90 through ptxas, with the acquire loads, nanosleep
-    backoff, globaltimer, release signal, bulk L2 prefetch and griddepcontrol in the PTX (a subprocess: the suite's
-    process interprets)."""
+    """Without a GPU: the persistent kernel (debug watchdog and L2 prefetch on), a staged PDL launch, a traced launch,
+    and every body with its int arguments specialized to 1 compile for sm_90 through ptxas, with the acquire loads,
+    nanosleep backoff, globaltimer, release signal, bulk L2 prefetch and griddepcontrol in the PTX (a subprocess: the
+    suite's process interprets)."""
     import json
     import subprocess
     import sys
@@ -520,11 +558,12 @@ from tile_kernels.megakernel.kernel import compile_ahead
 meta = json.loads(sys.argv[1])
 persistent = compile_ahead(meta, DEBUG=True, PREFETCH=True).asm["ptx"]
 staged = compile_ahead(meta, MODE=1, KIND=3, PDL=True, PREFETCH=True).asm["ptx"]
+traced = compile_ahead(meta, TRACING=True).asm["ptx"]
 ones = dict.fromkeys(("epoch", "position", "task0", "NL", "H", "INTER", "HK", "MAXSEQ", "S"), 1)
 for kind in range(5):  # Triton passes an int argument equal to 1 as a constexpr: every body must compile so
     compile_ahead(meta, MODE=1, KIND=kind, **ones)
 compile_ahead(meta, **ones)
-print(json.dumps([persistent, staged]))
+print(json.dumps([persistent, staged, traced]))
 """
     # Llama-3.2-1B's meta at 132 SMs and the default tile budget (16384 elements)
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, HPC_O=16, BN_GU=64, BK_GU=128, BN_D=16,
@@ -534,7 +573,8 @@ print(json.dumps([persistent, staged]))
     run = subprocess.run([sys.executable, "-c", code, json.dumps(meta)], capture_output=True, text=True, env=env,
                          timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    persistent, staged = json.loads(run.stdout.splitlines()[-1])
+    persistent, staged, traced = json.loads(run.stdout.splitlines()[-1])
+    assert "%globaltimer" in traced and "%globaltimer" not in staged  # the trace's clock; none untraced, no watchdog
     for needle in ("ld.acquire.gpu.global.b32", "nanosleep.u32", "%globaltimer", "cp.async.bulk.prefetch.L2.global",
                    "prefetch.global.L2::evict_last"):  # fmt: skip
         assert needle in persistent, needle
@@ -601,6 +641,26 @@ def test_gpu_kernel_matches_the_eager_step_over_a_growing_context(shape):
 
 
 @gpu
+def test_gpu_trace_times_every_task():
+    """On the GPU: a traced step gives the untraced step's output; every task has 0 <= wait <= run < end within the
+    step, on a program of the grid; each wait met by enough producers ended (by %globaltimer) before the task ran."""
+    config = DecoderConfig(3, 256, 8, 2, 32, 512, 96)
+    weights, cache, x = bf16_problem(config, 12)
+    step = build_decode_step(config, weights, context_hint=40)
+    want = step(x, cache.clone(), 40)
+    got, trace = step.trace(x, cache.clone(), 40)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    t = trace.times
+    assert (t[:, 0] >= 0).all() and (t[:, 0] <= t[:, 1]).all() and (t[:, 1] < t[:, 2]).all()
+    assert set(t[:, 3].tolist()) <= set(range(step.kernel.grid[0]))
+    producers = step.graph.producers()
+    for task in step.graph.tasks:
+        for cid, threshold in task.waits:
+            assert sum(t[p, 2] <= t[task.id, 1] for p in producers[cid]) >= threshold, task.label
+    assert "| GATEUP |" in trace.table()
+
+
+@gpu
 def test_gpu_watchdog_turns_a_hang_into_an_error():
     """debug=True: a wait that no task can satisfy aborts every program after the timeout and raises, naming the
     stuck task and counter; the next (correct) launch works again."""
@@ -626,9 +686,10 @@ def test_gpu_watchdog_turns_a_hang_into_an_error():
 
 
 @needs_interpreter
-def test_bench_plumbing_on_cpu(monkeypatch):
+def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     """`tile-kernels bench --megakernel`'s per-shape run on a tiny stack in Triton's interpreter, timers replaced (one
-    call each): every implementation and variant runs, the megakernels agree with the eager step, the table renders."""
+    call each): every implementation and variant runs, the megakernels agree with the eager step, the table renders
+    with the traced step's table; the Chrome trace is written."""
     from tile_kernels.megakernel import bench
 
     calls = []
@@ -642,9 +703,11 @@ def test_bench_plumbing_on_cpu(monkeypatch):
     monkeypatch.setattr(bench, "_graph_us", once)
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 32, 4, 2, 8, 48))
     monkeypatch.setattr(bench, "CONTEXT", 9)
-    result = bench.bench_shape("tiny", layers=1, device="cpu")
+    result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path))
     assert result["notes"] == {} and len(calls) == len(result["us"]) == 13
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})
     assert "| tiny | per-op, CUDA graph + PDL | 100 |" in table and "| tiny | megakernel, 4 KV splits | 100 |" in table
+    assert "## tiny: one traced megakernel step" in table and "| GATEUP | " in table
+    assert (tmp_path / "tiny_trace.json").exists()

@@ -3,6 +3,7 @@ statically onto per-SM queues for a persistent kernel.
 
     step = build_decode_step(config, weights)       # config: DecoderConfig or an HF config dict
     hidden = step(token_hidden, kv_cache, position)  # kv_cache (layers, 2, max_seq, kv_heads, head_dim), in place
+    hidden, trace = step.trace(token_hidden, kv_cache, position)  # the same, timed task by task (trace.py)
 
 backend="triton" is the persistent Triton kernel (kernel.py: one launch a step on a CUDA GPU; Triton's interpreter
 on CPU tensors with TRITON_INTERPRET=1); backend="interpreter" runs the same graph and schedule task by task on CPU
@@ -19,6 +20,7 @@ from .graph import Kind, Region, Task, TaskGraph, Tiling, build_graph, pack_weig
 from .interpret import DeadlockError, interpret
 from .reference import decode_step
 from .schedule import Schedule, schedule
+from .trace import FIELDS, Trace
 from .weights import layer_weights
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "Task",
     "TaskGraph",
     "Tiling",
+    "Trace",
     "build_decode_step",
     "build_graph",
     "check_schedule",
@@ -57,6 +60,20 @@ class DecodeStep:
         if self.kernel is not None:
             return self.kernel(token_hidden, kv_cache, position)
         return interpret(self.graph, self.schedule, self._packed, token_hidden, kv_cache, position, rng=self._rng)
+
+    def trace(self, token_hidden, kv_cache, position: int) -> tuple:
+        """One step as `step(...)` (kv_cache updated in place), timed task by task inside the kernel: returns
+        (hidden, Trace); Trace.save writes a Chrome trace, .table() the time per task kind, .plot() a PNG."""
+        if self.kernel is None:
+            raise ValueError(
+                "DecodeStep.trace: needs backend='triton' (the persistent kernel times its own tasks), got "
+                f"backend={self.backend!r}"
+            )
+        import torch
+
+        raw = torch.full((len(self.graph.tasks), len(FIELDS)), -1, dtype=torch.int64, device=self.kernel.device)
+        hidden = self.kernel(token_hidden, kv_cache, position, trace=raw)
+        return hidden, Trace.from_raw(self.graph, raw.cpu().numpy(), self.kernel.interpret)
 
 
 def build_decode_step(

@@ -77,9 +77,13 @@ def _copy_gbs() -> float:
     return 2 * src.numel() * 2 / us / 1e3
 
 
-def bench_shape(shape_name: str, layers: int | None = None, seed: int = 0, device: str = "cuda") -> dict:
+def bench_shape(
+    shape_name: str, layers: int | None = None, seed: int = 0, device: str = "cuda", trace_dir: str | None = None
+) -> dict:
     """Builds the stack with random bf16 weights and times every implementation (recording, not raising, a
-    failure). `device` "cpu" runs the plumbing in Triton's interpreter (tests, with the timers replaced)."""
+    failure), then traces one megakernel step (trace.py): its table per task kind in the result, and with
+    `trace_dir` the Chrome trace and (with matplotlib) the SM x time plot as files there. `device` "cpu" runs the
+    plumbing in Triton's interpreter (tests, with the timers replaced)."""
     from dataclasses import replace
 
     import torch
@@ -160,6 +164,17 @@ def bench_shape(shape_name: str, layers: int | None = None, seed: int = 0, devic
             torch.cuda.synchronize()
         line = f"bench megakernel {shape_name}: {impl}: {times[impl]} us {notes.get(impl, '')}"
         print(line, file=sys.stderr, flush=True)
+    _, trace = step.trace(x, cache, position)
+    trace_files = []
+    if trace_dir:
+        os.makedirs(trace_dir, exist_ok=True)
+        trace_files.append(os.path.join(trace_dir, f"{shape_name}_trace.json"))
+        trace.save(trace_files[-1])
+        try:
+            trace.plot(os.path.join(trace_dir, f"{shape_name}_trace.png"))
+            trace_files.append(os.path.join(trace_dir, f"{shape_name}_trace.png"))
+        except ImportError as e:
+            print(f"bench megakernel {shape_name}: no trace plot: {e}", file=sys.stderr)
     return {
         "shape": shape_name,
         "config": {k: v for k, v in config.__dict__.items() if k != "rope_scaling"},
@@ -173,6 +188,8 @@ def bench_shape(shape_name: str, layers: int | None = None, seed: int = 0, devic
         "max_abs_err_vs_eager": err,
         "us": times,
         "notes": notes,
+        "trace": trace.table(),
+        "trace_files": [os.path.basename(f) for f in trace_files],
     }
 
 
@@ -194,6 +211,9 @@ def markdown(result: dict) -> str:
                 continue
             ratio = f"{us / mk:.2f}x" if mk else ""
             lines.append(f"| {shape['shape']} | {impl} | {us:.0f} | {100 * floor_us / us:.0f}% | {ratio} | |")
+    for shape in result["shapes"]:
+        if "trace" in shape:
+            lines += ["", f"## {shape['shape']}: one traced megakernel step", "", shape["trace"]]
     return "\n".join(lines)
 
 
@@ -212,7 +232,7 @@ def run(out: str | None = None, shapes=None, layers: int | None = None) -> dict:
         "shapes": [],
     }
     for name in shapes or SHAPES:
-        result["shapes"].append(bench_shape(name, layers))
+        result["shapes"].append(bench_shape(name, layers, trace_dir=out))
         if out:  # after every shape: a cut-short run keeps what it measured
             os.makedirs(out, exist_ok=True)
             with open(os.path.join(out, "megakernel.json"), "w") as f:

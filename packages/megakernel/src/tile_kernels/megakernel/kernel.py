@@ -59,6 +59,10 @@ value seen, expected) with a compare-and-swap on the record (first one wins; its
 program) and leaves its queue. The host synchronizes after the launch, finds the record set, zeroes the counters
 (epoch 0) and raises a RuntimeError naming the stuck task and counter with the labels of graph.tasks / graph.counters.
 
+Trace (TRACING, DecodeStep.trace). Each task stores %globaltimer before its waits, after them and after its body's
+stores (int64 TRACE[task] = (wait, run, end, program)); trace.py turns that into a Chrome trace, a table per task kind
+and an SM x time plot. Off (constexpr) in every other launch.
+
 Interpreter (TRITON_INTERPRET=1, CPU tensors). Programs run one after another, so the launcher gives one program
 (grid=(1,)) one queue holding every task in a legal interleaving of the schedule's queues (check.run_queues); each
 wait is a plain load that must already be met, and one that is not is recorded like the watchdog's (the host raises
@@ -439,6 +443,16 @@ def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, IN
 
 
 @triton.jit
+def _now(i, phase: tl.constexpr, INTERPRET: tl.constexpr):
+    """A trace timestamp: %globaltimer (ns) on the GPU; in the interpreter a logical clock, 3 ticks a task in queue
+    order (wait, run, end), which checks the trace's bookkeeping and format, not time."""
+    if INTERPRET:
+        return tl.full([], 3 * i + phase, tl.int64)
+    else:
+        return _globaltimer()
+
+
+@triton.jit
 def _report(ERR, pid, t, cid, v, target):
     """The first stuck program records (flag, program, task, counter, value seen, expected); the flag also aborts."""
     if tl.atomic_cas(ERR, 0, 1, sem="relaxed", scope="gpu") == 0:
@@ -500,6 +514,7 @@ def decode_kernel(
     QTASKS,
     COUNTERS,
     ERR,
+    TRACE,
     epoch,
     position,
     task0,
@@ -535,10 +550,12 @@ def decode_kernel(
     DEBUG: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
+    TRACING: tl.constexpr,
 ):
     """PERSISTENT: program pid runs QTASKS[QPTR[pid]:QPTR[pid + 1]], each after its waits (counter >= epoch x
-    threshold), then signals its counter. STAGED: program pid runs task task0 + pid of kind KIND, no counters (the
-    launch order is the dependency; with PDL, griddepcontrol waits for the previous launch)."""
+    threshold), then signals its counter; with TRACING, TRACE[t] (int64 x 4) gets task t's (wait start, run start,
+    end, program). STAGED: program pid runs task task0 + pid of kind KIND, no counters (the launch order is the
+    dependency; with PDL, griddepcontrol waits for the previous launch)."""
     pid = tl.program_id(0)
     NL1 = NL + 1
     QD = HK * G * D
@@ -567,6 +584,9 @@ def decode_kernel(
                 lo = tl.load(TASKS + t * NF + 2)
                 hi = tl.load(TASKS + t * NF + 3)
                 split = tl.load(TASKS + t * NF + 4)
+                if TRACING:
+                    tl.store(TRACE + 4 * t, _now(i, 0, INTERPRET))
+                    tl.store(TRACE + 4 * t + 3, pid.to(tl.int64))
                 if PREFETCH:  # weights never wait: start streaming them to L2 before spinning
                     _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, INTER, QD, HK, MAXSEQ,
                                    S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
@@ -577,10 +597,14 @@ def decode_kernel(
                         alive = _wait(COUNTERS + cid, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET, DEBUG)
                 if alive != 0:
                     tl.debug_barrier()  # no warp reads before every warp has seen the counters
+                    if TRACING:
+                        tl.store(TRACE + 4 * t + 1, _now(i, 1, INTERPRET))
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
                           MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, HPC_O, BN_GU, BK_GU, BN_D,
                           BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_DH)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
+                    if TRACING:
+                        tl.store(TRACE + 4 * t + 2, _now(i, 2, INTERPRET))
                     tl.atomic_add(COUNTERS + tl.load(TASKS + t * NF + 7), 1, sem="release", scope="gpu")
 
 
@@ -768,7 +792,7 @@ class Megakernel:
         x = hidden.reshape(-1).contiguous()
         return x, x.new_empty(x.shape)
 
-    def _launch(self, grid, x, out, kv_cache, position, epoch, task0, mode, kind=-1, pdl=False):
+    def _launch(self, grid, x, out, kv_cache, position, epoch, task0, mode, kind=-1, pdl=False, trace=None):
         extra = {} if self.interpret else {"num_warps": self.num_warps}
         if mode == PERSISTENT and not self.interpret:
             extra["launch_cooperative_grid"] = True  # an over-sized grid fails at launch instead of hanging
@@ -783,18 +807,21 @@ class Megakernel:
         with contextlib.nullcontext() if self.interpret else torch.cuda.device(self.device):  # its stream
             decode_kernel[grid](
                 self.W, self.A, kv_cache, x, out, self.offs, self.rope, self.tasks, self.waits, self.queue_ptr,
-                self.queue_tasks, self.counters, self.err, epoch, position, task0, *self.scalars, self.timeout_ns,
-                MODE=mode, KIND=kind, PDL=pdl, **{**self.meta, **extra},
+                self.queue_tasks, self.counters, self.err, self.err if trace is None else trace, epoch, position,
+                task0, *self.scalars, self.timeout_ns, MODE=mode, KIND=kind, PDL=pdl, TRACING=trace is not None,
+                **{**self.meta, **extra},
             )  # fmt: skip
 
-    def __call__(self, hidden, kv_cache, position: int):
-        """One decode step in one launch: writes kv_cache[:, :, position] in place, returns the new hidden."""
+    def __call__(self, hidden, kv_cache, position: int, trace=None):
+        """One decode step in one launch: writes kv_cache[:, :, position] in place, returns the new hidden. `trace`
+        (an int64 (num_tasks, 4) tensor on the device) receives each task's (wait start, run start, end, program):
+        see trace.py."""
         x, out = self._check(hidden, kv_cache, position)
         self.epoch += 1
         if self.epoch * self.max_threshold > 2**31 - 1:  # before int32 wraps: the only reset of the counters
             self.counters.zero_()
             self.epoch = 1
-        self._launch(self.grid, x, out, kv_cache, position, self.epoch, 0, PERSISTENT)
+        self._launch(self.grid, x, out, kv_cache, position, self.epoch, 0, PERSISTENT, trace=trace)
         if self.interpret or self.debug:
             self.raise_if_stuck()
         return out.reshape(hidden.shape)
@@ -829,14 +856,14 @@ class Megakernel:
 def compile_ahead(meta: dict, weight_dtype: str = "bf16", kv_dtype: str = "bf16", arch: int = 90, **modes):
     """Compiles decode_kernel for an NVIDIA target without a GPU (TRITON_INTERPRET unset): the GPU path's PTX (the
     acquire loads, nanosleep, globaltimer, bulk L2 prefetch, griddepcontrol) through ptxas. `meta` is a
-    Megakernel's meta (INTERPRET is overridden to False); `modes` sets MODE, KIND, DEBUG, PREFETCH, PDL."""
+    Megakernel's meta (INTERPRET is overridden to False); `modes` sets MODE, KIND, DEBUG, PREFETCH, PDL, TRACING."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     ptrs = dict(W=weight_dtype, A="fp32", KV=kv_dtype, XIN=weight_dtype, OUT=weight_dtype, OFFS="i64", ROPE="fp32")
-    ptrs |= {k: "i32" for k in ("TASKS", "WAITS", "QPTR", "QTASKS", "COUNTERS", "ERR")}
+    ptrs |= {k: "i32" for k in ("TASKS", "WAITS", "QPTR", "QTASKS", "COUNTERS", "ERR")} | {"TRACE": "i64"}
     ints = ("epoch", "position", "task0", "NL", "H", "INTER", "HK", "MAXSEQ", "S")
-    const = {**meta, "INTERPRET": False, "MODE": PERSISTENT, "KIND": -1, "PDL": False, **modes}
+    const = {**meta, "INTERPRET": False, "MODE": PERSISTENT, "KIND": -1, "PDL": False, "TRACING": False, **modes}
     signature = {k: "*" + v for k, v in ptrs.items()} | dict.fromkeys(ints, "i32")
     signature |= {"eps": "fp32", "sm_scale": "fp32", "timeout_ns": "i64"} | dict.fromkeys(const, "constexpr")
     # what a launch specializes: 16-byte aligned tensors, ints divisible by 16 (here the model's widths)
