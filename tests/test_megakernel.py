@@ -89,6 +89,7 @@ def test_checker_accepts_built_schedules(problem):
     per_layer = (
         math.ceil((c.num_heads + 2 * c.num_kv_heads) * c.head_dim / t.qkv)
         + c.num_kv_heads * t.kv_splits
+        + c.num_kv_heads  # COMBINE, a group each
         + math.ceil(c.hidden / t.o)
         + math.ceil(c.intermediate / t.gateup)
         + math.ceil(c.hidden / t.down)
@@ -176,9 +177,9 @@ def test_checker_rejects_a_swapped_queue_order(problem, data):
 
 
 def chain(graph):
-    """Tasks x -> y -> z, each waiting on the one before (a QKV tile -> an ATTN task -> an OPROJ tile of layer 0)."""
+    """Tasks x -> y -> z, each waiting on the one before (a QKV tile -> an ATTN task -> a COMBINE of layer 0)."""
     producers = graph.producers()
-    z = next(t for t in graph.tasks if t.kind == Kind.OPROJ)
+    z = next(t for t in graph.tasks if t.kind == Kind.COMBINE)
     y = graph.tasks[producers[z.waits[0][0]][0]]
     x = graph.tasks[producers[y.waits[0][0]][0]]
     return x, y, z
@@ -401,6 +402,8 @@ def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed, tile_bud
     """Every task body of the kernel (grid=(1,), Triton's interpreter), in a random legal interleaving of the queues,
     writes its NaN-poisoned scratch buffers, the KV cache row and the output as the reference interpreter does; small
     tile budgets make every GEMV loop run several (masked) tiles, as the real shapes do."""
+    from tile_kernels.megakernel.kernel import SCRATCH
+
     config, tiling, num_sms = problem
     weights = random_weights(config, seed, torch.float32)
     kernel = kernel_for(config, tiling, num_sms, weights, seed=seed, tile_budget=tile_budget)
@@ -414,7 +417,7 @@ def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed, tile_bud
                         cache_ref, position, dtype=torch.float32, buffers=want)  # fmt: skip
     out = kernel(x, cache, position)
     for name in sorted(kernel.graph.buffers):
-        if name[: name.index("[")] in ("x", "h", "qkv", "att", "act") and name in want:
+        if name[: name.index("[")] in SCRATCH and name in want:
             if name in kernel.graph.inputs or name == kernel.graph.output:
                 continue
             torch.testing.assert_close(kernel.scratch(name), want[name], rtol=1e-5, atol=1e-5, msg=name)
@@ -430,7 +433,7 @@ def test_triton_step_over_a_growing_context_and_epochs():
     config = DecoderConfig(2, 24, 4, 2, 6, 40, 9, rope_scaling=None)
     weights = random_weights(config, 5, torch.float32)
     step = build_decode_step(config, weights, num_sms=3, tiling=Tiling(16, 8, 16, 8, 3), seed=1, tile_budget=16)
-    assert step.kernel.meta["BK_QKV"] == step.kernel.meta["BK_D"] == 16 and step.kernel.meta["HPC_O"] == 1
+    assert step.kernel.meta["BK_QKV"] == step.kernel.meta["BK_D"] == 16 and step.kernel.meta["BK_O"] == 16
     producers = torch.tensor([len(p) for p in step.graph.producers()], dtype=torch.int32)
     gen = torch.Generator().manual_seed(5)
     cache = torch.randn(config.kv_cache_shape(), generator=gen)
@@ -464,7 +467,8 @@ def test_staged_launches_match_the_persistent_kernel():
         got = kernel.staged(x, cache2, position)
         assert torch.equal(cache, cache2)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    assert [k for k, _, _ in kernel.stages[:6]] == [Kind.QKV, Kind.ATTN, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.QKV]
+    kinds = [Kind.QKV, Kind.ATTN, Kind.COMBINE, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.QKV]
+    assert [k for k, _, _ in kernel.stages[:7]] == kinds
 
 
 @needs_interpreter
@@ -560,13 +564,13 @@ persistent = compile_ahead(meta, DEBUG=True, PREFETCH=True).asm["ptx"]
 staged = compile_ahead(meta, MODE=1, KIND=3, PDL=True, PREFETCH=True).asm["ptx"]
 traced = compile_ahead(meta, TRACING=True).asm["ptx"]
 ones = dict.fromkeys(("epoch", "position", "task0", "NL", "H", "INTER", "HK", "MAXSEQ", "S"), 1)
-for kind in range(5):  # Triton passes an int argument equal to 1 as a constexpr: every body must compile so
+for kind in range(6):  # Triton passes an int argument equal to 1 as a constexpr: every body must compile so
     compile_ahead(meta, MODE=1, KIND=kind, **ones)
 compile_ahead(meta, **ones)
 print(json.dumps([persistent, staged, traced]))
 """
     # Llama-3.2-1B's meta at 132 SMs and the default tile budget (16384 elements)
-    meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, HPC_O=16, BN_GU=64, BK_GU=128, BN_D=16,
+    meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, BK_O=1024, BN_GU=64, BK_GU=128, BN_D=16,
                 BK_D=1024, BLOCK_S=16, BLOCK_T=32, BLOCK_G=4, BLOCK_DH=32, PF_CHUNKS=256,
                 PF_BYTES=1024, INTERPRET=False, DEBUG=False, PREFETCH=True)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

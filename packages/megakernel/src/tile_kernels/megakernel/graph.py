@@ -11,18 +11,23 @@ compares with epoch x producers). Per layer l, with x[0] the input hidden and x[
              of the cached positions 0..position-1 (split 0 also takes
              the new token, from registers) -> att[l]; split 0 writes
              the KV cache row at `position`
-    OPROJ    rows [lo, hi): x[l] + Wo combine(att) -> h[l]          waits attn[l] (every group and split)
+    COMBINE  group g: the splits' partials of its heads combined,    waits attn[l].g (group g's splits)
+             a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
+             -> ao[l]
+    OPROJ    rows [lo, hi): x[l] + Wo ao[l] -> h[l]                 waits combine[l] (every group)
     GATEUP   rows [lo, hi): silu(Wg m) * (Wu m), m = rms(h[l]) w_mlp waits oproj[l]
              -> act[l]
     DOWN     rows [lo, hi): h[l] + Wd act -> x[l + 1]               waits gateup[l]
 
 rms(v) = v / sqrt(mean(v^2) + eps). The norms and the rotary embedding are recomputed by each consumer tile (hidden
 and (G + 2) x head_dim elements, read from L2) instead of being tasks of their own: every task boundary is a
-release -> acquire hop on the critical path (5 a layer here instead of 8), while the recomputation is a few KB per
-tile. Design limits: batch 1; every intermediate buffer is written once per launch (per-layer scratch, so only
-read-after-write edges exist); Wqkv is packed group-major, [q heads of group g, k_g, v_g] for g = 0 .. Hk-1, so that
-an ATTN task waits on a contiguous run of QKV tiles; the KV splits are static and split s covers positions
-[s c, (s + 1) c) of 0..position-1, c = ceil(position / splits) (a split past the end is empty)."""
+release -> acquire hop on the critical path (6 a layer here instead of 9), while the recomputation is a few KB per
+tile. The attention splits are combined once a group (COMBINE), a hop, rather than by every O projection tile, which
+re-read S x Hq x (D + 2) partials each (39% of the SMs' busy time of a Llama-3.2-1B step when it did: the H200 trace
+in benchmarks/results/h200/notes.md). Design limits: batch 1; every intermediate buffer is written once per launch
+(per-layer scratch, so only read-after-write edges exist); Wqkv is packed group-major, [q heads of group g, k_g, v_g]
+for g = 0 .. Hk-1, so that an ATTN task waits on a contiguous run of QKV tiles; the KV splits are static and split s
+covers positions [s c, (s + 1) c) of 0..position-1, c = ceil(position / splits) (a split past the end is empty)."""
 
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ class Kind(IntEnum):
     OPROJ = 2
     GATEUP = 3
     DOWN = 4
+    COMBINE = 5  # tile (g, g + 1)
 
 
 class Region(NamedTuple):
@@ -180,6 +186,7 @@ def build_graph(
         kv_new = buf(f"kv_new{L}", 2 * Hk * D)  # the KV cache row at `position`: k heads, then v heads
         buf(f"kv_cache{L}", 2 * c.max_seq * Hk * D, is_input=True)  # rows before `position`, read by ATTN
         att = buf(f"att{L}", S * Hq * (D + 2))  # (split, head, [o (D), m, l])
+        ao = buf(f"ao{L}", Hq * D)  # the attention output, head-major
         act = buf(f"act{L}", c.intermediate)
         w_an, w_mn = buf(f"w_attn_norm{L}", c.hidden, True), buf(f"w_mlp_norm{L}", c.hidden, True)
         wqkv, wo = buf(f"wqkv{L}", nqkv * c.hidden, True), buf(f"wo{L}", c.hidden * Hq * D, True)
@@ -213,19 +220,23 @@ def build_graph(
                     [Region(qkv, lo, hi)],
                     [Region(att, row, row + G * (D + 2))] + (new_row if s == 0 else []),
                     need,
-                    f"attn{L}",
+                    f"attn{L}.{g}",
                     split=s,
                     extra_bytes=2 * chunk * D * weight_bytes,
                 )
+        for g in range(Hk):
+            parts = [Region(att, (s * Hq + g * G) * (D + 2), (s * Hq + g * G + G) * (D + 2)) for s in range(S)]
+            add(Kind.COMBINE, layer, g, g + 1, parts, [Region(ao, g * G * D, (g + 1) * G * D)], [f"attn{L}.{g}"],
+                f"combine{L}")  # fmt: skip
         for lo, hi in tiles(c.hidden, t.o):
             add(
                 Kind.OPROJ,
                 layer,
                 lo,
                 hi,
-                [Region(att, 0, S * Hq * (D + 2)), Region(wo, lo * Hq * D, hi * Hq * D), Region(x, lo, hi)],
+                [Region(ao, 0, Hq * D), Region(wo, lo * Hq * D, hi * Hq * D), Region(x, lo, hi)],
                 [Region(h, lo, hi)],
-                [f"attn{L}"],
+                [f"combine{L}"],
                 f"oproj{L}",
             )
         for lo, hi in tiles(c.intermediate, t.gateup):

@@ -4,7 +4,7 @@ schedule's queues (the lowest runnable queue first, or a random runnable queue a
 Every intermediate buffer and the KV cache row at `position` are poisoned with NaN first, so a task that runs before
 the data it reads is written (a missing or wrong dependency) poisons the result instead of passing silently. The math
 per task kind is in graph.py's docstring; ATTN writes flash-decoding partials (o = sum_j e^(s_j - m) v_j,
-m = max_j s_j, l = sum_j e^(s_j - m)) that OPROJ combines: a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s."""
+m = max_j s_j, l = sum_j e^(s_j - m)) that COMBINE joins: a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s."""
 
 from __future__ import annotations
 
@@ -54,12 +54,15 @@ def _run_task(c: DecoderConfig, S: int, t: Task, b: dict, kv: torch.Tensor, pos:
         p = torch.exp(scores - m[:, None])
         row = (s * Hq + g * G) * (D + 2)
         b[f"att{L}"][row : row + G * (D + 2)] = torch.cat([p @ vals, m[:, None], p.sum(1)[:, None]], 1).reshape(-1)
-    elif t.kind == Kind.OPROJ:
-        part = b[f"att{L}"].view(S, Hq, D + 2)
+    elif t.kind == Kind.COMBINE:
+        heads = slice(t.lo * G, t.hi * G)
+        part = b[f"att{L}"].view(S, Hq, D + 2)[:, heads]
         o, m, l_ = part[..., :D], part[..., D], part[..., D + 1]
-        scale = torch.exp(m - m.amax(dim=0))  # (S, Hq); an empty split has m = -inf, scale 0
+        scale = torch.exp(m - m.amax(dim=0))  # (S, G); an empty split has m = -inf, scale 0
         attn = (scale[..., None] * o).sum(0) / (scale * l_).sum(0)[:, None]
-        b[f"h{L}"][t.lo : t.hi] = b[f"x{L}"][t.lo : t.hi] + b[f"wo{L}"].view(H, -1)[t.lo : t.hi] @ attn.reshape(-1)
+        b[f"ao{L}"].view(Hq, D)[heads] = attn
+    elif t.kind == Kind.OPROJ:
+        b[f"h{L}"][t.lo : t.hi] = b[f"x{L}"][t.lo : t.hi] + b[f"wo{L}"].view(H, -1)[t.lo : t.hi] @ b[f"ao{L}"]
     elif t.kind == Kind.GATEUP:
         n2, I_ = _rms(c, b[f"h{L}"], b[f"w_mlp_norm{L}"]), c.intermediate
         gate = b[f"wgate{L}"].view(I_, H)[t.lo : t.hi] @ n2

@@ -41,16 +41,15 @@ Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and K
          tile_budget elements, each reduced at once into a (BN,) fp32 accumulator, the next tile loaded before the
          current one is multiplied (Triton pipelines no load that feeds no dot; _gemv gives the design). QKV and
          GATEUP normalize their input on the fly (r = rsqrt(mean(v^2) + eps) from one pass over the hidden vector,
-         then each chunk times r and the norm weight: no NORM task, no hop). OPROJ combines the attention partials
-         of all splits HPC_O heads at a time along its K (a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, one exp
-         a split and head; every OPROJ task recomputes it from L2: S x Hq x (D + 2) floats, which bigger O tiles or
-         fewer KV splits make cheaper). DOWN and OPROJ add the residual rows; GATEUP streams its two matrices in one
-         loop.
+         then each chunk times r and the norm weight: no NORM task, no hop). OPROJ multiplies the combined attention
+         output ao. DOWN and OPROJ add the residual rows; GATEUP streams its two matrices in one loop.
   ATTN   group g, split s: rotates the group's q heads and k_g (the two rotary halves kept apart, cos/sin read from a
          (max_seq, D/2) table computed in float64 at build: fp32 angles lose ~1e-2 rad at position 1e5); split 0
          writes the new KV cache row and starts its online softmax from the new token in registers (rounded to the
          cache dtype, as the eager step re-reads it), then every split streams its BLOCK_T-position blocks of the
          cached rows 0..position-1 and writes its (o, m, l) partial into `att`; an empty split writes -inf, 0, 0.
+  COMBINE group g: its heads' partials of every split, a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s (one exp a
+         split and head) -> ao.
 
 Watchdog (debug=True). Each spin reads `%globaltimer` and the error record's flag; a thread leaves on the target, its
 timeout (`timeout_s`) or the flag, then one thread's acquire RMW of the counter, broadcast to the CTA, decides
@@ -83,11 +82,11 @@ from .graph import TaskGraph
 from .schedule import TASK_FIELDS, Schedule, encode
 
 # rows of the offset table OFFS (buffer, layer): scratch buffers index the float32 arena A, weights the arena W
-SCRATCH = ("x", "h", "qkv", "att", "act")
+SCRATCH = ("x", "h", "qkv", "att", "act", "ao")
 WEIGHTS = ("w_attn_norm", "w_mlp_norm", "wqkv", "wo", "wgate", "wup", "wdown")
 BUFFERS = SCRATCH + WEIGHTS
-B_X, B_H, B_QKV, B_ATT, B_ACT = (tl.constexpr(i) for i in range(5))
-B_WAN, B_WMN, B_WQKV, B_WO, B_WG, B_WU, B_WD = (tl.constexpr(5 + i) for i in range(7))
+B_X, B_H, B_QKV, B_ATT, B_ACT, B_AO = (tl.constexpr(i) for i in range(len(SCRATCH)))
+B_WAN, B_WMN, B_WQKV, B_WO, B_WG, B_WU, B_WD = (tl.constexpr(len(SCRATCH) + i) for i in range(len(WEIGHTS)))
 NF = tl.constexpr(len(TASK_FIELDS))
 ALIGN = tl.constexpr(64)  # elements: every buffer's offset in its arena (128-byte lines for 16-bit weights)
 ERR_FIELDS = ("flag", "program", "task", "counter", "value", "expected")
@@ -268,7 +267,7 @@ def _task(
     BN_QKV: tl.constexpr,
     BK_QKV: tl.constexpr,
     BN_O: tl.constexpr,
-    HPC_O: tl.constexpr,
+    BK_O: tl.constexpr,
     BN_GU: tl.constexpr,
     BK_GU: tl.constexpr,
     BN_D: tl.constexpr,
@@ -355,33 +354,9 @@ def _task(
         tl.store(rec[:, None] + D // 2 + i[None, :], o2, mask=qm)
         tl.store(rec + D, m_i, mask=jg < G)
         tl.store(rec + D + 1, l_i, mask=jg < G)
-    elif kind == 2:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] a, a = the splits' partials combined HPC_O heads at a time
-        rows = lo + tl.arange(0, BN_O)[:, None, None]
-        att = _ptr(A, OFFS, B_ATT, layer, NL1)
-        wo = _ptr(W, OFFS, B_WO, layer, NL1)
-        sp = tl.arange(0, BLOCK_S)[:, None]
-        d = tl.arange(0, 2 * BLOCK_DH)[None, None, :]
-        acc = tl.zeros((BN_O,), tl.float32)
-        wmask = (rows < hi) & (d < D)
-        hh = tl.arange(0, HPC_O)[None, :, None]
-        w = tl.load(wo + rows * QD + hh * D + d, mask=wmask & (hh < HQ), other=0.0)
-        for h0 in range(0, HQ, HPC_O):
-            hn = h0 + HPC_O + hh  # the next heads' weights in flight while these are combined and multiplied
-            w_next = tl.load(wo + rows * QD + hn * D + d, mask=wmask & (hn < HQ), other=0.0)
-            head = h0 + tl.arange(0, HPC_O)
-            hm = (head < HQ)[None, :]
-            rec = att + (sp * HQ + head[None, :]) * (D + 2)  # (S, heads)
-            sm = (sp < S) & hm
-            # a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, one exp a split and head; padded splits m = -inf,
-            # padded heads m = 0, l = 1, o = 0
-            m = tl.where(hm, tl.load(rec + D, mask=sm, other=float("-inf"), cache_modifier=".cg"), 0.0)
-            ell = tl.where(hm, tl.load(rec + D + 1, mask=sm, other=0.0, cache_modifier=".cg"), 1.0)
-            scale = tl.exp(m - tl.max(m, axis=0)[None, :])
-            o = tl.load(rec[:, :, None] + d, mask=sm[:, :, None] & (d < D), other=0.0, cache_modifier=".cg")
-            a = tl.sum(scale[:, :, None] * o, axis=0) / tl.sum(scale * ell, axis=0)[:, None]  # (heads, D)
-            acc += tl.sum(tl.sum(w.to(tl.float32) * a[None, :, :], axis=2), axis=1)
-            w = w_next
+    elif kind == 2:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] ao
         rows = lo + tl.arange(0, BN_O)
+        acc = _gemv(_ptr(W, OFFS, B_WO, layer, NL1), _ptr(A, OFFS, B_AO, layer, NL1), lo, hi, QD, BN_O, BK_O)
         res = _vec(XIN, A, OFFS, B_X, layer, NL1, rows, rows < hi)
         tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + acc, mask=rows < hi)
     elif kind == 3:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] m) * (Wu[lo:hi] m), m = h r w_mlp, r = rsqrt(mean(h^2) + eps)
@@ -415,6 +390,22 @@ def _task(
             tl.store(OUT + rows, y.to(OUT.dtype.element_ty), mask=rows < hi)
         else:
             tl.store(_ptr(A, OFFS, B_X, layer + 1, NL1) + rows, y, mask=rows < hi)
+    elif kind == 5:  # COMBINE of group g = lo: ao[heads of g] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
+        sp = tl.arange(0, BLOCK_S)[:, None, None]
+        jg = tl.arange(0, BLOCK_G)[None, :, None]
+        d = tl.arange(0, 2 * BLOCK_DH)[None, None, :]
+        head = lo * G + jg
+        rec = _ptr(A, OFFS, B_ATT, layer, NL1) + (sp * HQ + head) * (D + 2)  # (S, G, 1): (split, head, [o, m, l])
+        sm = (sp < S) & (jg < G)
+        # padded splits: m = -inf (weight 0); padded heads: m = 0, l = 1, o = 0 (no NaN); split 0 is never empty
+        m = tl.where(jg < G, tl.load(rec + D, mask=sm, other=float("-inf"), cache_modifier=".cg"), 0.0)
+        ell = tl.where(jg < G, tl.load(rec + D + 1, mask=sm, other=0.0, cache_modifier=".cg"), 1.0)
+        o = tl.load(rec + d, mask=sm & (d < D), other=0.0, cache_modifier=".cg")
+        scale = tl.exp(m - tl.max(m, axis=0)[None, :, :])
+        a = tl.sum(scale * o, axis=0) / tl.sum(scale * ell, axis=0)  # (G, 2 BLOCK_DH)
+        dd = tl.arange(0, 2 * BLOCK_DH)[None, :]
+        jj = tl.arange(0, BLOCK_G)[:, None]
+        tl.store(_ptr(A, OFFS, B_AO, layer, NL1) + (lo * G + jj) * D + dd, a, mask=(jj < G) & (dd < D))
 
 
 @triton.jit
@@ -533,7 +524,7 @@ def decode_kernel(
     BN_QKV: tl.constexpr,
     BK_QKV: tl.constexpr,
     BN_O: tl.constexpr,
-    HPC_O: tl.constexpr,
+    BK_O: tl.constexpr,
     BN_GU: tl.constexpr,
     BK_GU: tl.constexpr,
     BN_D: tl.constexpr,
@@ -572,7 +563,7 @@ def decode_kernel(
             tl.extra.cuda.gdc_wait()  # the previous launch has finished and its writes are visible
             tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
-              eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, HPC_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
+              eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
               BLOCK_G, BLOCK_DH)  # fmt: skip
     else:
         alive = pid * 0 + 1
@@ -600,7 +591,7 @@ def decode_kernel(
                     if TRACING:
                         tl.store(TRACE + 4 * t + 1, _now(i, 1, INTERPRET))
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
-                          MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, HPC_O, BN_GU, BK_GU, BN_D,
+                          MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
                           BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_DH)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
@@ -627,8 +618,8 @@ class Megakernel:
     counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs.
 
     Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch (sm_90+; default off);
-    `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K (and OPROJ's heads a
-    step) of every projection: _gemv keeps two tiles in flight."""
+    `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection:
+    _gemv keeps two tiles in flight."""
 
     def __init__(
         self,
@@ -752,7 +743,7 @@ class Megakernel:
             BN_QKV=bn["qkv"],
             BK_QKV=bk(bn["qkv"], c.hidden),
             BN_O=bn["o"],
-            HPC_O=max(1, min(_pow2(c.num_heads), budget // (max(bn["o"], _pow2(t.kv_splits)) * _pow2(c.head_dim)))),
+            BK_O=bk(bn["o"], c.q_size),
             BN_GU=bn["gu"],
             BK_GU=bk(2 * bn["gu"], c.hidden),
             BN_D=bn["d"],
