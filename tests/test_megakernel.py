@@ -507,6 +507,28 @@ def test_a_traced_step_records_every_task_in_a_legal_order(tmp_path):
         assert int(row.split("|")[2]) == sum(Kind(task.kind).name == kind for task in tasks)
     with pytest.raises(ValueError, match="needs backend='triton'"):
         build_decode_step(config, weights, backend="interpreter").trace(x, cache, 5)
+    # the trace balances a rebuilt step's queues (the same graph), which computes the same step
+    rebuilt = build_decode_step(config, weights, num_sms=4, tiling=Tiling(16, 8, 12, 8, 2), seed=2, task_costs=trace)
+    torch.testing.assert_close(rebuilt(x, cache.clone(), 5), want)
+    with pytest.raises(ValueError, match="task_costs is the trace of another graph"):
+        build_decode_step(config, weights, num_sms=4, tiling=Tiling(8, 8, 12, 8, 2), task_costs=trace)
+
+
+def test_schedule_by_measured_costs():
+    """schedule(costs_ns=...): a task measured costly keeps its SM to itself while its stage's other tasks run
+    elsewhere; a cost vector of another length raises."""
+    graph = build_graph(DecoderConfig(2, 20, 6, 2, 4, 36, 7), Tiling(16, 8, 12, 8, 2))
+    heavy = next(t for t in graph.tasks if t.kind == Kind.ATTN)
+    costs = [1.0] * len(graph.tasks)
+    costs[heavy.id] = 1e6
+    sched = schedule(graph, 4, costs_ns=costs)
+    check_schedule(graph, sched)
+    queue = next(q for q in sched.queues if heavy.id in q)
+    after = [graph.tasks[t] for t in queue[queue.index(heavy.id) + 1 :]]
+    assert not any(t.kind == Kind.ATTN and t.layer == heavy.layer for t in after)
+    assert sched.est_finish_ns >= 1e6
+    with pytest.raises(ValueError, match="costs_ns must hold a number >= 0 for each"):
+        schedule(graph, 4, costs_ns=costs[:-1])
 
 
 @needs_interpreter
@@ -708,7 +730,7 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 32, 4, 2, 8, 48))
     monkeypatch.setattr(bench, "CONTEXT", 9)
     result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path))
-    assert result["notes"] == {} and len(calls) == len(result["us"]) == 13
+    assert result["notes"] == {} and len(calls) == len(result["us"]) == 14
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})

@@ -88,6 +88,7 @@ def build_decode_step(
     debug: bool = False,
     timeout_s: float = 1.0,
     tile_budget: int | None = None,
+    task_costs=None,
 ) -> DecodeStep:
     """Builds the task graph, schedules it on `num_sms` queues (default: the GPU's SM count, or 132 on a CPU), checks
     the schedule, and returns the step. `tiling` defaults to Tiling.auto; `context_hint` (default max_seq) only
@@ -98,8 +99,9 @@ def build_decode_step(
     launch), or on the CPU with TRITON_INTERPRET=1 (Triton's interpreter, grid=(1,), one queue holding every task in
     a legal order). debug=True arms the watchdog: a wait longer than `timeout_s` aborts the step and the call raises a
     RuntimeError naming the stuck task and counter (each call then synchronizes). `tile_budget` (default
-    kernel.TILE_BUDGET) is the elements of a GEMV weight tile (Megakernel). backend="interpreter": the reference
-    interpreter of the same graph and schedule (CPU tensors)."""
+    kernel.TILE_BUDGET) is the elements of a GEMV weight tile (Megakernel). `task_costs`: a Trace of a step built
+    with the same arguments (or its costs_ns()): the queues balanced by measured run times instead of estimated bytes.
+    backend="interpreter": the reference interpreter of the same graph and schedule (CPU tensors)."""
     if backend not in BACKENDS:
         raise ValueError(f"build_decode_step: backend must be one of {BACKENDS}, got {backend!r}")
     if isinstance(config, dict):
@@ -128,7 +130,11 @@ def build_decode_step(
     num_sms = 132 if num_sms is None else num_sms
     tiling = tiling or Tiling.auto(config, num_sms)
     graph = build_graph(config, tiling, context_hint, weight_bytes=layers[0]["q"].element_size())
-    sched = schedule(graph, num_sms)
+    if isinstance(task_costs, Trace):
+        if [t.label for t in task_costs.graph.tasks] != [t.label for t in graph.tasks]:
+            raise ValueError("build_decode_step: task_costs is the trace of another graph (other config or tiling)")
+        task_costs = task_costs.costs_ns()
+    sched = schedule(graph, num_sms, costs_ns=task_costs)
     check_schedule(graph, sched)
     packed = pack_weights(config, layers)
     kernel = None

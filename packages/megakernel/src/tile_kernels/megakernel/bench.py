@@ -12,8 +12,8 @@ five ways in one run on one GPU:
 and variants of the megakernel that the GPU runs learn from: with the L2 prefetch (off by default); GEMV weight tiles
 of 8192 or 32768 elements (tile_budget; the default is kernel.TILE_BUDGET = 16384, two tiles in flight); 4 warps
 (8192-element tiles: the same registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits; 4x O-projection
-rows. Every megakernel's first launch runs under the watchdog and is compared with the eager step
-(max |error| recorded).
+rows; the queues balanced by each task's traced run time (trace.py) instead of its estimated bytes. Every
+megakernel's first launch runs under the watchdog and is compared with the eager step (max |error| recorded).
 
 The floor is (every layer's weights + the KV cache rows read at the context) / the measured copy bandwidth. The
 megakernel is timed over back-to-back launches (CUDA events around 20 steps, median of 5): it cannot be replayed from
@@ -123,16 +123,17 @@ def bench_shape(
 
     def variant(**options):
         """The megakernel with other launch options or tiling, timed over back-to-back launches."""
-        tiling = options.pop("tiling", None)
+        tiling, costs = options.pop("tiling", None), options.pop("costs_ns", None)
         graph, sched = step.graph, step.schedule
-        if tiling is not None:
-            graph = build_graph(config, tiling, CONTEXT)
-            sched = schedule(graph, kernel.grid[0])
+        if tiling is not None or costs is not None:
+            graph = graph if tiling is None else build_graph(config, tiling, CONTEXT)
+            sched = schedule(graph, kernel.grid[0], costs_ns=costs)
             check_schedule(graph, sched)
         k = checked(str(options or tiling), Megakernel(graph, sched, packed, device, **options))
         return _events_us(lambda: k(x, cache, position))
 
     checked("megakernel", kernel)
+    _, trace = step.trace(x, cache.clone(), position)  # each task's run time: the variant scheduled by it
     err["per-op"] = (kernel.staged(x, cache.clone(), position).float() - eager_out).abs().max().item()
     packed = pack_weights(config, layer_weights(config, weights))
     impls = {
@@ -153,6 +154,8 @@ def bench_shape(
         "megakernel, 8 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=8)),
         # O-projection tiles of 4x the rows: fewer, longer GEMV tasks
         "megakernel, 4x O rows": lambda: variant(tiling=replace(step.graph.tiling, o=4 * step.graph.tiling.o)),
+        # the queues balanced by the traced run time of each task instead of its estimated bytes
+        "megakernel, queues by traced cost": lambda: variant(costs_ns=trace.costs_ns()),
     }
     times, notes = {}, {}
     for impl, timer in impls.items():
@@ -164,7 +167,6 @@ def bench_shape(
             torch.cuda.synchronize()
         line = f"bench megakernel {shape_name}: {impl}: {times[impl]} us {notes.get(impl, '')}"
         print(line, file=sys.stderr, flush=True)
-    _, trace = step.trace(x, cache, position)
     trace_files = []
     if trace_dir:
         os.makedirs(trace_dir, exist_ok=True)

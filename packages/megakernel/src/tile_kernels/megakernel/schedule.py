@@ -2,7 +2,8 @@
 
 List scheduling in the graph's topological order: each task goes to the SM where it can start first, its start being
 max(the SM's estimated finish, the latest estimated finish of its producers), its cost `overhead_ns + bytes /
-sm_bandwidth`. Each queue is a subsequence of one global topological order, so with every SM resident at once
+sm_bandwidth`, or its measured run time (a Trace's `costs_ns`: what the bytes do not say, e.g. attention tasks
+bound by latency). Each queue is a subsequence of one global topological order, so with every SM resident at once
 (cooperative launch) the queues cannot deadlock; check.py verifies that instead of trusting it."""
 
 from __future__ import annotations
@@ -23,12 +24,22 @@ class Schedule:
 
 
 def schedule(
-    graph: TaskGraph, num_sms: int, sm_bandwidth: float = 4.8e12 / 132, overhead_ns: float = 300.0
+    graph: TaskGraph,
+    num_sms: int,
+    sm_bandwidth: float = 4.8e12 / 132,
+    overhead_ns: float = 300.0,
+    costs_ns=None,
 ) -> Schedule:
     """`sm_bandwidth` (bytes/s one SM streams; default: an H200's HBM shared by 132 SMs) and `overhead_ns` (per task:
-    launch of the tile, waits, signal) only shape the balance."""
+    launch of the tile, waits, signal) only shape the balance; `costs_ns` (one number a task, by id, e.g.
+    Trace.costs_ns() of a traced step of the same graph) replaces the bytes model with measured run times."""
     if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
         raise ValueError(f"schedule: num_sms must be an int >= 1, got {num_sms!r}")
+    if costs_ns is not None:
+        costs_ns = [float(c) for c in costs_ns]
+        if len(costs_ns) != len(graph.tasks) or min(costs_ns, default=0.0) < 0:
+            raise ValueError(f"schedule: costs_ns must hold a number >= 0 for each of the graph's {len(graph.tasks)} "
+                             f"tasks, got {len(costs_ns)} (min {min(costs_ns, default=0.0)})")  # fmt: skip
     producers = graph.producers()
     counter_ready = [0.0] * len(graph.counters)
     free = [0.0] * num_sms
@@ -40,7 +51,8 @@ def schedule(
                 raise ValueError(f"schedule: the graph is not in topological order at {task.label}")
         ready = max((counter_ready[cid] for cid, _ in task.waits), default=0.0)
         sm = min(range(num_sms), key=lambda i: (max(free[i], ready), free[i]))
-        free[sm] = max(free[sm], ready) + overhead_ns + task.bytes / sm_bandwidth * 1e9
+        cost = costs_ns[task.id] if costs_ns is not None else overhead_ns + task.bytes / sm_bandwidth * 1e9
+        free[sm] = max(free[sm], ready) + cost
         queues[sm].append(task.id)
         counter_ready[task.signal] = max(counter_ready[task.signal], free[sm])
         done[task.signal] += 1

@@ -46,6 +46,14 @@ class Trace:
         """From the first task's wait to the last task's end."""
         return int(self.times[:, 2].max()) if len(self.times) else 0
 
+    def costs_ns(self) -> list[float]:
+        """Each task's run time (ns; the step's median for a task that did not run): schedule(..., costs_ns=...) and
+        build_decode_step(..., task_costs=...) balance the queues by it instead of by estimated bytes."""
+        runs = (self.times[:, 2] - self.times[:, 1]).astype(float)
+        ran = self.times[:, 2] >= 0
+        fill = float(np.median(runs[ran])) if ran.any() else 0.0
+        return np.where(ran, runs, fill).tolist()
+
     def events(self) -> list[dict]:
         """One dict a task: label, kind, layer, program, wait / run / end (ns), estimated bytes."""
         out = []
