@@ -734,6 +734,7 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})
-    assert "| tiny | per-op, CUDA graph + PDL | 100 |" in table and "| tiny | megakernel, 4 KV splits | 100 |" in table
-    assert "## tiny: one traced megakernel step" in table and "| GATEUP | " in table
-    assert (tmp_path / "tiny_trace.json").exists()
+    assert "| tiny | 9 | per-op, CUDA graph + PDL | 100 | 10000 |" in table
+    assert "| tiny | 9 | megakernel, 4 KV splits | 100 |" in table
+    assert "## tiny, context 9: one traced megakernel step" in table and "| GATEUP | " in table
+    assert (tmp_path / "tiny_9_trace.json").exists()

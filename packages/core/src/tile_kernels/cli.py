@@ -134,6 +134,8 @@ def parser() -> argparse.ArgumentParser:
                    "graph and CUDA graph + PDL instead of the ops; writes megakernel.json/.md under --out")  # fmt: skip
     p.add_argument("--shape", action="append", help="with --megakernel: llama-3.2-1b, llama-3-8b (default both)")
     p.add_argument("--layers", type=int, help="with --megakernel: layers of each stack (default: the model's)")
+    p.add_argument("--context", type=int, action="append",
+                   help="with --megakernel: cached positions a step reads (repeatable; default 1024)")  # fmt: skip
     return p
 
 
@@ -143,7 +145,7 @@ def bench(argv=None) -> int:
     if args.megakernel:  # its own harness: whole decode steps, not registered ops
         from tile_kernels.megakernel import bench as megakernel_bench
 
-        print(megakernel_bench.markdown(megakernel_bench.run(args.out, args.shape, args.layers)))
+        print(megakernel_bench.markdown(megakernel_bench.run(args.out, args.shape, args.layers, args.context)))
         return 0
     if args.render:
         runs = [results.load(path) for path in args.render]

@@ -78,12 +78,18 @@ def _copy_gbs() -> float:
 
 
 def bench_shape(
-    shape_name: str, layers: int | None = None, seed: int = 0, device: str = "cuda", trace_dir: str | None = None
+    shape_name: str,
+    layers: int | None = None,
+    seed: int = 0,
+    device: str = "cuda",
+    trace_dir: str | None = None,
+    context: int | None = None,
 ) -> dict:
     """Builds the stack with random bf16 weights and times every implementation (recording, not raising, a
     failure), then traces one megakernel step (trace.py): its table per task kind in the result, and with
     `trace_dir` the Chrome trace and (with matplotlib) the SM x time plot as files there. `device` "cpu" runs the
-    plumbing in Triton's interpreter (tests, with the timers replaced)."""
+    plumbing in Triton's interpreter (tests, with the timers replaced). `context`: the cached positions the step reads
+    (default CONTEXT)."""
     from dataclasses import replace
 
     import torch
@@ -93,8 +99,8 @@ def bench_shape(
     from .weights import LAYER_WEIGHTS, layer_weights
 
     nl, hidden, heads, kv_heads, head_dim, mlp = SHAPES[shape_name]
-    nl = layers or nl
-    config = DecoderConfig(nl, hidden, heads, kv_heads, head_dim, mlp, max_seq=CONTEXT, rope_theta=500000.0)
+    nl, context = layers or nl, context or CONTEXT
+    config = DecoderConfig(nl, hidden, heads, kv_heads, head_dim, mlp, max_seq=context, rope_theta=500000.0)
     gen = torch.Generator(device=device).manual_seed(seed)
     weights = {}
     for i in range(nl):
@@ -105,10 +111,10 @@ def bench_shape(
             weights[f"model.layers.{i}.{hf}.weight"] = w.to(torch.bfloat16)
     cache = (torch.randn(config.kv_cache_shape(), generator=gen, device=device) * 0.5).to(torch.bfloat16)
     x = torch.randn(1, hidden, generator=gen, device=device).to(torch.bfloat16)
-    position = CONTEXT - 1
+    position = context - 1
     weight_bytes = sum(w.numel() * w.element_size() for w in weights.values())
-    kv_bytes = 2 * nl * CONTEXT * kv_heads * head_dim * cache.element_size()
-    step = build_decode_step(config, weights, context_hint=CONTEXT)
+    kv_bytes = 2 * nl * context * kv_heads * head_dim * cache.element_size()
+    step = build_decode_step(config, weights, context_hint=context)
     kernel = step.kernel
     eager_out = decode_step(config, weights, x, cache.clone(), position).float()
     err = {"scale": eager_out.abs().max().item()}
@@ -126,7 +132,7 @@ def bench_shape(
         tiling, costs = options.pop("tiling", None), options.pop("costs_ns", None)
         graph, sched = step.graph, step.schedule
         if tiling is not None or costs is not None:
-            graph = graph if tiling is None else build_graph(config, tiling, CONTEXT)
+            graph = graph if tiling is None else build_graph(config, tiling, context)
             sched = schedule(graph, kernel.grid[0], costs_ns=costs)
             check_schedule(graph, sched)
         k = checked(str(options or tiling), Megakernel(graph, sched, packed, device, **options))
@@ -170,17 +176,18 @@ def bench_shape(
     trace_files = []
     if trace_dir:
         os.makedirs(trace_dir, exist_ok=True)
-        trace_files.append(os.path.join(trace_dir, f"{shape_name}_trace.json"))
+        stem = os.path.join(trace_dir, f"{shape_name}_{context}_trace")
+        trace_files.append(stem + ".json")
         trace.save(trace_files[-1])
         try:
-            trace.plot(os.path.join(trace_dir, f"{shape_name}_trace.png"))
-            trace_files.append(os.path.join(trace_dir, f"{shape_name}_trace.png"))
+            trace.plot(stem + ".png")
+            trace_files.append(stem + ".png")
         except ImportError as e:
             print(f"bench megakernel {shape_name}: no trace plot: {e}", file=sys.stderr)
     return {
         "shape": shape_name,
         "config": {k: v for k, v in config.__dict__.items() if k != "rope_scaling"},
-        "context": CONTEXT,
+        "context": context,
         "grid": kernel.grid[0],
         "tasks": len(step.graph.tasks),
         "prefetch": kernel.prefetch,
@@ -200,26 +207,28 @@ def markdown(result: dict) -> str:
     lines = [
         f"# megakernel decode step: {result['gpu']}, {result['date']}, copy {copy:.0f} GB/s",
         "",
-        "| shape | implementation | us / step | % of floor | time / megakernel's | note |",
-        "|---|---|---|---|---|---|",
+        "| shape | context | implementation | us / step | tokens / s | % of floor | time / megakernel's | note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for shape in result["shapes"]:
         floor_us = (shape["weight_bytes"] + shape["kv_bytes"]) / copy / 1e3
         mk = shape["us"].get("megakernel")
-        lines.append(f"| {shape['shape']} | floor (weights + KV / copy) | {floor_us:.0f} | 100% | | |")
+        row = f"| {shape['shape']} | {shape['context']} |"
+        lines.append(f"{row} floor (weights + KV / copy) | {floor_us:.0f} | {1e6 / floor_us:.0f} | 100% | | |")
         for impl, us in shape["us"].items():
             if us is None:
-                lines.append(f"| {shape['shape']} | {impl} | failed | | | {shape['notes'].get(impl, '')} |")
+                lines.append(f"{row} {impl} | failed | | | | {shape['notes'].get(impl, '')} |")
                 continue
             ratio = f"{us / mk:.2f}x" if mk else ""
-            lines.append(f"| {shape['shape']} | {impl} | {us:.0f} | {100 * floor_us / us:.0f}% | {ratio} | |")
+            lines.append(f"{row} {impl} | {us:.0f} | {1e6 / us:.0f} | {100 * floor_us / us:.0f}% | {ratio} | |")
     for shape in result["shapes"]:
         if "trace" in shape:
-            lines += ["", f"## {shape['shape']}: one traced megakernel step", "", shape["trace"]]
+            lines += ["", f"## {shape['shape']}, context {shape['context']}: one traced megakernel step", "",
+                      shape["trace"]]  # fmt: skip
     return "\n".join(lines)
 
 
-def run(out: str | None = None, shapes=None, layers: int | None = None) -> dict:
+def run(out: str | None = None, shapes=None, layers: int | None = None, contexts=None) -> dict:
     import importlib.metadata
 
     import torch
@@ -234,11 +243,12 @@ def run(out: str | None = None, shapes=None, layers: int | None = None) -> dict:
         "shapes": [],
     }
     for name in shapes or SHAPES:
-        result["shapes"].append(bench_shape(name, layers, trace_dir=out))
-        if out:  # after every shape: a cut-short run keeps what it measured
-            os.makedirs(out, exist_ok=True)
-            with open(os.path.join(out, "megakernel.json"), "w") as f:
-                json.dump(result, f, indent=1)
-            with open(os.path.join(out, "megakernel.md"), "w") as f:
-                f.write(markdown(result) + "\n")
+        for context in contexts or (CONTEXT,):
+            result["shapes"].append(bench_shape(name, layers, trace_dir=out, context=context))
+            if out:  # after every shape: a cut-short run keeps what it measured
+                os.makedirs(out, exist_ok=True)
+                with open(os.path.join(out, "megakernel.json"), "w") as f:
+                    json.dump(result, f, indent=1)
+                with open(os.path.join(out, "megakernel.md"), "w") as f:
+                    f.write(markdown(result) + "\n")
     return result
