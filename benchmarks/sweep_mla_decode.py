@@ -21,11 +21,12 @@ from tile_kernels.torch import _runtime
 HEADS, LATENT, ROPE, PAGE = 128, 512, 64, 64
 
 
-def inputs(batch, seqlen, paged, device="cuda"):
-    g = torch.Generator(device).manual_seed(0)
+def inputs(batch, seqlen, paged, dtype=torch.bfloat16, seed=0, device="cuda"):
+    """DeepSeek-V3 decode inputs, every sequence full; paged: pages of PAGE in a shuffled block table."""
+    g = torch.Generator(device).manual_seed(seed)
 
     def rnd(*shape):
-        return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
+        return torch.randn(*shape, generator=g, device=device).to(dtype)
 
     q_nope, q_pe = rnd(batch, HEADS, LATENT), rnd(batch, HEADS, ROPE)
     lengths = torch.full((batch,), seqlen, dtype=torch.int32, device=device)

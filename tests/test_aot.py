@@ -240,7 +240,8 @@ def test_a_broken_tilelang_kernel_fails_naming_kernel_config_and_target():
 @needs_tilelang
 def test_tilelang_flash_attention_joins_the_matrix_in_half_precision():
     """Its TileLang forward: 3 head-dim buckets x (padded or not) x softcap, plus the no-keys kernel, in float16 and
-    bfloat16 (no float32 kernel: the backend refuses float32), for each TileLang target."""
+    bfloat16 (no float32 kernel: the backend refuses float32), for each TileLang target. (Its backward, sm_90a only,
+    is not in the matrix of every target: backward_variants.)"""
     for name in aot.TARGETS:
         cfgs = [c for c in aot.configs(aot.TARGETS[name], ["flash_attention"]) if isinstance(c, aot.TileLangConfig)]
         assert len(cfgs) == (26 if name in aot.TILELANG_TARGETS else 0), name
@@ -279,3 +280,17 @@ def test_tilelang_flash_attention_builds_with_hopper_paths_only_on_sm90a(target)
     lower = backends.module("flash_attention", "tilelang").lower
     source = lower("flash_fwd_d64_pad_softcap", "float16", "float16", aot.TILELANG_TARGETS[target][0]).kernel_source
     assert "tl::tma_load(" not in source and "tanh" not in source  # no TMA; the softcap's tanh from exp2
+
+
+@needs_tilelang
+def test_tilelang_mla_decode_joins_the_matrix_for_sm90a_only():
+    """Its TileLang split kernel (Hopper only: module AOT_TARGETS): contiguous / paged x whole / partial, in float16
+    and bfloat16, for cuda:90 only; lowered for sm_90a it has TMA loads, wgmma, and the producer / consumer register
+    split of warp specialization."""
+    for name in aot.TARGETS:
+        cfgs = [c for c in aot.configs(aot.TARGETS[name], ["mla_decode"]) if isinstance(c, aot.TileLangConfig)]
+        assert len(cfgs) == (8 if name == "cuda:90" else 0), name
+    lower = backends.module("mla_decode", "tilelang").lower
+    source = lower("mla_decode_paged", "bfloat16", "bfloat16", aot.TILELANG_TARGETS["cuda:90"][0]).kernel_source
+    for needed in ("tl::tma_load(", "tl::tma_store(", "wgmma_ss<", "warpgroup_reg_alloc", "warpgroup_reg_dealloc"):
+        assert needed in source, needed

@@ -397,6 +397,124 @@ def test_torch_flash_attention_tilelang_matches_triton(
         assert_close(f"d{name}", grad.double().cpu().numpy(), ref_grads[name], dtype)
 
 
+def test_flash_attention_tilelang_backward_plan_matches_the_triton_backward():
+    """The same inputs and outputs as the Triton backward: delta (and lse with rows padded to whole query blocks), the
+    dK / dV kernel with dQ summed in place into a zeroed fp32 accumulator (read and written by one call), dQ from it;
+    head dims past 128 keep the Triton backward (a clear error if asked for directly); an empty problem calls
+    nothing."""
+    from tile_kernels.core import Target
+    from tile_kernels.core import flash_attention as fa_core
+    from tile_kernels.core import flash_attention_tilelang as fa_tl
+
+    for head_dim, kernel in ((64, "flash_bwd_d64"), (40, "flash_bwd_d64_pad"), (128, "flash_bwd_d128"),
+                             (96, "flash_bwd_d128_pad")):  # fmt: skip
+        for seqlen_q, seqlen_k, softcap in ((33, 70, 0.0), (33, 70, 2.0), (0, 5, 0.0), (9, 0, 0.0)):
+            opts = dict(dtype="float16", causal=True, window=(7, -1), scale=None, softcap=softcap)
+            plan = fa_core.compiled_backward("tilelang", 2, seqlen_q, seqlen_k, 6, 3, head_dim, arch=90, **opts)
+            ref = fa_core.backward(2, seqlen_q, seqlen_k, 6, 3, head_dim, target=Target(), **opts)
+            assert dict(plan.inputs) == dict(ref.inputs) and plan.outputs == ref.outputs == ("dq", "dk", "dv")
+            assert all(plan.buffers[o].shape == ref.buffers[o].shape for o in plan.outputs)
+            assert all(plan.buffers[o].dtype == ref.buffers[o].dtype for o in plan.outputs)
+            block_m = fa_tl.BWD_CONFIGS["sm90"][fa_tl.bucket(head_dim)][0][0]
+            rows = -(-seqlen_q // block_m) * block_m
+            assert plan.buffers["dq_acc"].shape == (2, 6, rows, fa_tl.bucket(head_dim))
+            assert plan.buffers["dq_acc"].zeroed and plan.buffers["lse_pad"].shape == (2, 6, rows)
+            if seqlen_q == 0 or seqlen_k == 0:
+                assert plan.launches == () and all(plan.buffers[o].zeroed for o in plan.outputs)
+                continue
+            pre, main, post = plan.launches
+            assert (pre.reads, pre.writes) == (("out", "dout", "lse"), ("delta", "lse_pad"))
+            assert main.reads == ("q", "k", "v", "dout", "lse_pad", "delta", "dq_acc")
+            assert main.writes == ("dk", "dv", "dq_acc")
+            assert main.key == f"tile_kernels_tilelang_{kernel}{'_softcap' if softcap else ''}_float16_sm90"
+            assert main.attrs == dict(scale=fa_core.default_scale(head_dim), softcap=softcap or 1.0, left=7, right=0)
+            assert (post.reads, post.writes, post.attrs) == (("dq_acc",), ("dq",), {"scale": main.attrs["scale"]})
+    assert fa_tl.backward_unsupported("bfloat16", 128) is None
+    assert "sm_90a only, got sm_80" in fa_tl.backward_unsupported("bfloat16", 128, 80)
+    assert len(fa_tl.backward_variants(["float16", "bfloat16", "float32"])) == 2 * 12
+    assert fa_core.compiled_backward_unsupported("triton", "float32", 256) is None
+    assert "head dims up to 128, got 200" in fa_tl.backward_unsupported("bfloat16", 200)
+    # autograd takes the TileLang backward only once it is checked on a GPU
+    gate = fa_core.compiled_backward_unsupported("tilelang", "bfloat16", 128)
+    assert (gate is None) if fa_core.TILELANG_BACKWARD_CHECKED else "not yet checked on a GPU" in gate
+    with pytest.raises(ValueError, match="flash_attention: backend 'tilelang' backward supports head dims up to 128, "
+                       "got 256; its forward runs with the Triton backward"):  # fmt: skip
+        fa_core.compiled_backward("tilelang", 1, 8, 8, 1, 1, 256, dtype="bfloat16", causal=False, window=(-1, -1),
+                                  scale=None, softcap=0.0, arch=90)  # fmt: skip
+    assert fa_tl.kernel_name(128, True, "bwd", 2) == "flash_bwd_d128_softcap_c2"
+    assert fa_tl._parse("flash_bwd_d64_pad_softcap_c1") == (64, False, True, 1)
+
+
+@needs_tilelang
+def test_tilelang_flash_attention_backward_lowers_to_hopper_code():
+    """The head-dim-64 backward for sm_90a: TMA loads, wgmma with P^T / dS^T from registers, the dQ tile as one TMA
+    reduce-add, and warp specialization (producer registers released, consumers' raised)."""
+    lower = backends.module("flash_attention", "tilelang").lower
+    source = lower("flash_bwd_d64", "bfloat16", "bfloat16", {"kind": "cuda", "arch": "sm_90a"}).kernel_source
+    wanted = ("tl::tma_load(", "wgmma_ss<", "wgmma_rs<", "tl::tma_store_add(", "warpgroup_reg_alloc",
+              "warpgroup_reg_dealloc")  # fmt: skip
+    assert [w for w in wanted if w not in source] == []
+
+
+@gpu_only
+@pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, causal, window, softcap",
+    [
+        (2, 1000, 1000, 8, 2, 128, False, (-1, -1), 0.0),  # several key blocks, a ragged last one, GQA 4
+        (1, 777, 1500, 4, 4, 128, True, (-1, -1), 0.0),  # bottom-right causal, Sq < Sk
+        (2, 300, 130, 6, 3, 64, True, (-1, -1), 0.0),  # Sq > Sk: the first rows (whole blocks) see no key
+        (1, 513, 513, 2, 1, 64, False, (100, 20), 0.0),  # a band narrower than a block, MQA
+        (1, 257, 300, 2, 2, 128, True, (-1, -1), 30.0),  # softcap
+        (2, 190, 190, 3, 1, 40, False, (-1, 3), 5.0),  # a padded head dim (no TMA), softcap
+        (1, 333, 129, 4, 2, 96, True, (50, -1), 0.0),  # the padded 128 bucket, windowed causal
+        (1, 70, 70, 2, 2, 128, False, (0, 0), 0.0),  # each row sees one key
+        (3, 1, 1, 1, 1, 64, True, (-1, -1), 0.0),
+        (1, 5, 0, 2, 1, 64, False, (-1, -1), 0.0),  # no keys at all: dq = 0
+    ],
+)
+def test_torch_flash_attention_tilelang_backward_matches_reference(
+    dtype, batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, causal, window, softcap
+):  # fmt: skip
+    """The TileLang backward's dq, dk, dv (the _bwd_compiled op) against the float64 reference (the suite's tolerance
+    rule) and beside the Triton backward's from the same (out, lse); autograd runs it once TILELANG_BACKWARD_CHECKED
+    (the Triton backward before)."""
+    import torch
+
+    import tile_kernels.torch as tk
+    from tile_kernels.core import flash_attention as fa_core
+
+    torch_dtype = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(seqlen_q * 11 + seqlen_k + head_dim)
+
+    def draw(s, h):
+        return torch.randn(batch, s, h, head_dim, device="cuda", generator=gen).to(torch_dtype)
+
+    q, k, v = draw(seqlen_q, heads_q), draw(seqlen_k, heads_k), draw(seqlen_k, heads_k)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = tk.flash_attention(*leaves, causal=causal, window=window, softcap=softcap, backend="tilelang")
+    dout = torch.randn(got.shape, device="cuda", generator=gen).to(torch_dtype)
+    grads = torch.autograd.grad(got, leaves, dout)
+    arrays = [t.float().cpu().numpy() for t in (q, k, v)]
+    kwargs = dict(q=arrays[0], k=arrays[1], v=arrays[2], causal=causal, window=window, softmax_scale=None,
+                  softcap=softcap)  # fmt: skip
+    ref_grads = fa_core.reference_vjp(kwargs, (dout.float().cpu().numpy(),))
+    ops = torch.ops.tile_kernels
+    options = (causal, *window, head_dim**-0.5, softcap)
+    out, lse = ops.flash_attention_fwd(q, k, v, *options, "tilelang")
+    direct = ops.flash_attention_bwd_compiled(dout, q, k, v, out, lse, *options, "tilelang")
+    triton = ops.flash_attention_bwd(dout, q, k, v, out, lse, *options)
+    for name, grad in zip("qkv", direct):
+        assert not torch.isnan(grad).any(), name
+        assert_close(f"d{name}", grad.double().cpu().numpy(), ref_grads[name], dtype)
+    for name, a, b, c in zip("qkv", grads, direct, triton):
+        # dQ's atomics sum in any order: autograd and a direct call agree to rounding
+        torch.testing.assert_close(a, b if fa_core.TILELANG_BACKWARD_CHECKED else c, rtol=1e-2, atol=1e-2,
+                                   msg=f"d{name}: autograd vs the backward it runs")  # fmt: skip
+        torch.testing.assert_close(b.float(), c.float(), rtol=5e-2, atol=5e-2, msg=f"d{name}: vs Triton")
+
+
 @gpu_only
 @pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 def test_torch_flash_attention_tilelang_refuses_float32_and_passes_opcheck_and_compile():
@@ -418,6 +536,13 @@ def test_torch_flash_attention_tilelang_refuses_float32_and_passes_opcheck_and_c
     ]:  # fmt: skip
         result = torch.library.opcheck(op, args, test_utils=utils)
         assert all(r == "SUCCESS" for r in result.values()), (op, result)
+    out, lse = ops.flash_attention_fwd(q.detach(), k.detach(), v.detach(), True, 8, -1, 0.125, 0.0, "tilelang")
+    for op, args in [
+        (ops.flash_attention_bwd_compiled.default, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out,
+                                                    lse, True, 8, -1, 0.125, 0.0, "tilelang")),
+    ]:  # fmt: skip
+        result = torch.library.opcheck(op, args, test_utils=utils)
+        assert all(r == "SUCCESS" for r in result.values()), (op, result)
     assert_torch_compile_matches_eager(q, k, v, causal=True, window=(100, -1), backend="tilelang")
 
 
@@ -425,7 +550,7 @@ def test_torch_flash_attention_tilelang_refuses_float32_and_passes_opcheck_and_c
 @pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
 def test_jax_flash_attention_tilelang_jit_vmap_grad():
     """One FFI call under vmap (the vmapped axis joins the batch), the Triton forward's values under jit, and grad
-    through custom_vjp into the Triton backward."""
+    through custom_vjp into the TileLang backward (the Triton backward's values)."""
     import jax
     import jax.numpy as jnp
 
@@ -448,6 +573,12 @@ def test_jax_flash_attention_tilelang_jit_vmap_grad():
     def loss(q, k, v, b):
         return jnp.sum(f(q, k, v, b).astype(jnp.float32) ** 2)
 
+    # the TileLang backward: delta, dK / dV (+ dQ summed in place), dQ: three FFI calls beside the forward's (once
+    # checked on a GPU; the Triton backward until then)
+    from tile_kernels.core import flash_attention as fa_core
+
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)), static_argnums=3)(q[0], k[0], v[0], "tilelang"))
+    assert jaxpr.count("ffi_call[") == (4 if fa_core.TILELANG_BACKWARD_CHECKED else 1)
     got = jax.jit(jax.grad(loss, (0, 1, 2)), static_argnums=3)(q[0], k[0], v[0], "tilelang")
     for a, b in zip(got, jax.grad(loss, (0, 1, 2))(q[0], k[0], v[0], "triton")):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=5e-2, atol=5e-2)

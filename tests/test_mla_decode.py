@@ -139,3 +139,185 @@ def test_torch_opcheck_and_compile():
     torch.testing.assert_close(
         compiled(q_nope, q_pe, kv, kp, lengths, table), step(q_nope, q_pe, kv, kp, lengths, table)
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# backend="tilelang": the Hopper split kernel (mla_decode_tilelang.py)
+
+needs_gpu = pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on an NVIDIA Hopper GPU only (sm_90a)")
+
+
+def _poison_past_lengths(kwargs: dict) -> dict:
+    """The cache slots past each sequence's length (and the spare pages) set to NaN: a kernel must never let them
+    reach the output (0 x NaN is NaN)."""
+    out = dict(kwargs)
+    lengths, table = kwargs["cache_seqlens"], kwargs["block_table"]
+    for name in ("kv_c", "k_pe"):
+        cache = kwargs[name].copy()
+        if table is None:
+            for b, length in enumerate(lengths):
+                cache[b, length:] = np.nan
+        else:
+            page = cache.shape[1]
+            used = np.zeros(cache.shape[:2], bool)
+            for b, length in enumerate(lengths):
+                for p in range(length):
+                    used[table[b, p // page], p % page] = True
+            cache[~used] = np.nan
+        out[name] = cache
+    return out
+
+
+def test_tilelang_backend_refuses_what_it_cannot_run():
+    """Clear errors (ValueError naming the backend and the feature) for float32, other dims, pages that are not a
+    multiple of 64 and GPUs other than Hopper; its plans: one Call when S = 1, the Triton combine after it when
+    S > 1, the Triton plan for an empty cache."""
+    from tile_kernels.core.backends import Call
+    from tile_kernels.core.plan import Launch
+
+    for args, match in [
+        (("float32", 512, 64), "supports q_nope, kv_c in float16 / bfloat16 only"),
+        (("bfloat16", 256, 64), "supports Dc = 512, Dr = 64 only"),
+        (("bfloat16", 512, 64, 16), "needs a page size that is a multiple of 64, got 16"),
+        (("bfloat16", 512, 64, None, 80), "runs on sm_90 \\(Hopper: wgmma, TMA\\) only, got sm_80"),
+    ]:
+        with pytest.raises(ValueError, match=f"mla_decode: backend 'tilelang' {match}.*; backend='triton' runs it"):
+            mla.check_backend("tilelang", *args)
+    mla.check_backend("tilelang", "float16", 512, 64, 128, 90)
+    target = Target(num_sms=132)
+    one = mla.compiled_forward("tilelang", 128, 128, 512, 64, 4096, dtype="bfloat16", scale=None, arch=90,
+                               target=target, page_size=64)  # fmt: skip
+    assert [type(s) for s in one.launches] == [Call] and one.launches[0].writes == ("out", "lse")
+    assert one.launches[0].key == "tile_kernels_tilelang_mla_decode_paged_bfloat16_sm90"
+    assert one.launches[0].reads == ("q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens", "block_table")
+    many = mla.compiled_forward("tilelang", 1, 128, 512, 64, 32768, dtype="float16", scale=0.1, arch=90,
+                                target=target)  # fmt: skip
+    assert [type(s) for s in many.launches] == [Call, Launch]
+    assert many.launches[0].key == "tile_kernels_tilelang_mla_decode_partial_float16_sm90"
+    assert many.launches[0].attrs == {"scale": 0.1} and many.buffers["partial_o"].shape[2] == 64
+    empty = mla.compiled_forward("tilelang", 2, 16, 512, 64, 0, dtype="bfloat16", scale=None, arch=90, target=target)
+    assert all(isinstance(s, Launch) for s in empty.launches)  # Triton's kernels write 0 and -inf
+    # the split heuristic: one wave of programs a multiprocessor, splits only where they shorten the waves
+    assert mla.tilelang_split_count(64, 128, 4096, 132, 64) == 1
+    assert mla.tilelang_split_count(32, 128, 8192, 132, 64) == 2
+    assert mla.tilelang_split_count(1, 128, 32768, 132, 64) == 64  # 2 x 64 programs of 8 blocks
+    assert mla.tilelang_split_count(128, 128, 4096, 132, 64) == 1
+    assert mla.tilelang_split_count(3, 16, 64, 132, 64) == 1  # at least MIN_SPLIT_BLOCKS blocks a split
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's error")
+def test_tilelang_backend_on_the_cpu_is_a_clear_error():
+    import torch
+
+    import tile_kernels.torch as tk
+
+    q = torch.zeros(1, 16, 512, dtype=torch.bfloat16)
+    args = (q, q[..., :64], q.new_zeros(1, 64, 512), q.new_zeros(1, 64, 64), torch.ones(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="mla_decode: backend 'tilelang' cannot run on the CPU"):
+        tk.mla_decode(*args, backend="tilelang")
+
+
+# (lengths, heads, paged) at DeepSeek-V3's dims: B 1 and odd, lengths 0, 1, 63, 65 and long ones, 16 / 64 / 128 heads
+TILELANG_CASES = [
+    ([2000], 128, False),
+    ([2000], 128, True),
+    ([0, 1, 63, 65, 1500], 16, True),
+    ([0, 1, 63, 65, 1500], 128, False),
+    ([65, 0, 4097], 64, True),
+    ([130, 7, 0], 128, True),
+    ([0, 0, 0], 128, False),
+    ([64 * 40, 33, 64 * 3 + 1, 1000, 5, 640, 64], 128, True),
+]
+
+
+@needs_gpu
+@pytest.mark.parametrize("framework", sorted(DRIVERS))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("lengths, heads, paged", TILELANG_CASES)
+def test_tilelang_matches_the_reference(framework, dtype, lengths, heads, paged):
+    """The public function with backend="tilelang" against the float64 reference, the cache slots it must not read
+    poisoned with NaN (pages shuffled, two spare); a contiguous cache's capacity need not be a multiple of 64."""
+    if framework == "jax":
+        import importlib.util
+
+        if importlib.util.find_spec("jax_tvm_ffi") is None:
+            pytest.skip("jax-tvm-ffi not installed")
+    rng = np.random.default_rng(len(lengths) * 1000 + heads + paged)
+    capacity = max(max(lengths), 1) + (0 if paged else 3)
+    if paged:
+        capacity = -(-capacity // 64) * 64
+    kwargs = _contiguous(rng, lengths, capacity, heads, 512, 64, dtype)
+    kwargs = _poison_past_lengths(_paged(rng, kwargs, 64) if paged else kwargs)
+    want = mla.reference(**{**kwargs, "kv_c": np.nan_to_num(kwargs["kv_c"]), "k_pe": np.nan_to_num(kwargs["k_pe"])})
+    driver = DRIVERS[framework](DEVICE)
+    for return_lse in (True, False):
+        got = driver.call("mla_decode", {**kwargs, "return_lse": return_lse, "backend": "tilelang"})
+        assert len(got) == (2 if return_lse else 1)
+        assert_close("out", got[0], want[0], dtype)
+        if return_lse:
+            assert_close("lse", got[1], want[1], "float32")
+    empty = [b for b, length in enumerate(lengths) if length == 0]
+    assert np.all(got[0][empty] == 0)
+
+
+@needs_gpu
+@needs_torch
+@pytest.mark.parametrize("paged", [False, True])
+def test_tilelang_split_counts_agree(paged):
+    """The plan run directly with forced split counts (1: the whole kernel; 2, 5, 33: the partial kernel and the
+    Triton combine) at one length of each kind, poisoned buffers (TILE_KERNELS_POISON=1)."""
+    import torch
+
+    from tile_kernels.torch._calls import run_calls
+    from tile_kernels.torch._runtime import target
+
+    rng = np.random.default_rng(11)
+    lengths = [0, 1, 65, 3000]
+    kwargs = _contiguous(rng, lengths, 3008, 128, 512, 64, "bfloat16")
+    kwargs = _poison_past_lengths(_paged(rng, kwargs, 64) if paged else kwargs)
+    want = mla.reference(**{**kwargs, "kv_c": np.nan_to_num(kwargs["kv_c"]), "k_pe": np.nan_to_num(kwargs["k_pe"])})
+    names = ["q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens"] + (["block_table"] if paged else [])
+    driver = DRIVERS["torch"](DEVICE)
+    tensors = [driver.array(kwargs[n]) for n in names]
+    device = tensors[0].device
+    major, minor = torch.cuda.get_device_capability(device)
+    for splits in (1, 2, 5, 33):
+        plan = mla.compiled_forward("tilelang", 4, 128, 512, 64, 3008, dtype="bfloat16", scale=None,
+                                    arch=10 * major + minor, target=target(device), page_size=64 if paged else None,
+                                    num_splits=splits)  # fmt: skip
+        out, lse = (driver.numpy(t) for t in run_calls(plan, *tensors, device=device))
+        assert_close(f"out, {splits} splits", out, want[0], "bfloat16")
+        assert_close(f"lse, {splits} splits", lse, want[1], "float32")
+
+
+@needs_gpu
+@needs_torch
+def test_tilelang_torch_opcheck_and_compile():
+    import torch
+
+    import tile_kernels.torch as tk
+
+    rng = np.random.default_rng(12)
+    kwargs = _paged(rng, _contiguous(rng, [100, 0, 64], 128, 16, 512, 64, "bfloat16"), 64)
+    names = ("q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens", "block_table")
+    driver = DRIVERS["torch"](DEVICE)
+    q_nope, q_pe, kv, kp, lengths, table = (driver.array(kwargs[n]) for n in names)
+    ops = torch.ops.tile_kernels
+    utils = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    for op, args in [
+        (ops.mla_decode_fwd_compiled.default, (q_nope, q_pe, kv, kp, lengths, table, 0.2, "tilelang")),
+        (ops.mla_decode.default, (q_nope, q_pe, kv, kp, lengths, table, None, True, "tilelang")),
+    ]:
+        result = torch.library.opcheck(op, args, test_utils=utils)
+        assert all(r == "SUCCESS" for r in result.values()), (op, result)
+
+    def step(q_nope, q_pe, kv, kp, lengths, table):
+        out, lse = tk.mla_decode(q_nope, q_pe, kv, kp, lengths, table, return_lse=True, backend="tilelang")
+        return out.float().square().sum(-1) + lse.clamp_min(-1e4)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    torch.testing.assert_close(
+        compiled(q_nope, q_pe, kv, kp, lengths, table), step(q_nope, q_pe, kv, kp, lengths, table)
+    )

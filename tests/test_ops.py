@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 from conftest import DEVICE
-from hypothesis import currently_in_test_context, given, reject
+from hypothesis import HealthCheck, currently_in_test_context, given, reject, settings
 from hypothesis import strategies as st
 
 from tile_kernels.core import REGISTRY, backends
@@ -100,6 +100,9 @@ def _with_backend(kwargs: dict, op: str, backend: str | None) -> dict:
 
 @pytest.mark.parametrize("op, backend", OP_BACKENDS)
 @given(data=st.data())
+# a backend that covers a small part of the drawn inputs (mla_decode's TileLang kernel: Dc 512, half precision, pages
+# of 64) rejects most draws: what it accepts still runs
+@settings(suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow, HealthCheck.data_too_large])
 def test_forward_matches_reference(driver, op, backend, data):
     kwargs, layout, _ = data.draw(problems(op))
     outs = driver.call(op, _with_backend(kwargs, op, backend), _layout(driver, layout))

@@ -168,7 +168,10 @@ def tilelang_configs(target: TargetSpec, ops: Iterable[str] | None = None) -> li
     if target.name not in TILELANG_TARGETS or missing_tilelang():
         return []
     ops = [op for op in sorted(ops or REGISTRY) if "tilelang" in backends.backends_of(op)]
-    return [TileLangConfig(op, *v) for op in ops for v in backends.module(op, "tilelang").variants(FLOAT_DTYPES)]
+    modules = {op: backends.module(op, "tilelang") for op in ops}
+    # a module's AOT_TARGETS: the targets its kernels are written for (mla_decode's: sm_90a only); all when absent
+    modules = {op: m for op, m in modules.items() if target.name in getattr(m, "AOT_TARGETS", TILELANG_TARGETS)}
+    return [TileLangConfig(op, *v) for op, module in modules.items() for v in module.variants(FLOAT_DTYPES)]
 
 
 class AotError(RuntimeError):

@@ -86,10 +86,13 @@ def dequant_matmul_kernel(
     kk = tl.arange(0, BLOCK_K)
     words = tl.arange(0, BLOCK_K // 8)
     a_rows = A + rows[:, None].to(tl.int64) * stride_a
-    steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
-    k_begin = tl.program_id(2) * steps * BLOCK_K
+    k_begin, k_end = 0, K
+    if SPLIT_K > 1:  # this program's slice of the K steps
+        steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+        k_begin = tl.program_id(2) * steps * BLOCK_K
+        k_end = tl.minimum(K, k_begin + steps * BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_begin, tl.minimum(K, k_begin + steps * BLOCK_K), BLOCK_K):
+    for k0 in range(k_begin, k_end, BLOCK_K):
         k_ok = k0 + kk < K
         a = tl.load(a_rows + (k0 + kk)[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w_rows = k0 // 8 + words
@@ -120,8 +123,8 @@ def dequant_matmul_kernel(
                               other=0.0)  # fmt: skip
                 w = (_as_float((packed >> (4 * j)) & 0xF) - z[None, :]) * s[None, :]
                 acc += dot(a_j, w.to(A.dtype.element_ty), IEEE)
-        else:  # W = (code - z) s in fp32, rounded to a's dtype
-            codes = _as_float(_codes(packed))
+        else:  # W = (code - z) s in fp32, rounded to a's dtype (the codes' I2F: the bit trick spilled here on sm_80)
+            codes = _codes(packed).to(tl.float32)
             if ONE_GROUP:
                 w = (codes - z[None, :]) * s[None, :]
             else:

@@ -25,9 +25,12 @@ Head dims up to 256, padded to a power of two >= 32 (EVEN_D when the head dim is
 bases are 64-bit; in-sequence offsets are 32-bit (a (S, H, D) slice of one batch up to 2^31 elements).
 Block configurations: a few per head-dim bucket and dtype (`configs`), the first being the default; plans(target)
 enumerates all of them for the AOT matrix (the set an autotuner on the device may choose from).
-Backends (backends.py): "triton" (the kernels here) and "tilelang", a TileLang forward (flash_attention_tilelang.py,
-float16 / bfloat16) run as a Plan of Calls by `compiled_forward`; it returns the same (out, lse), so the Triton
-backward serves both.
+Backends (backends.py): "triton" (the kernels here) and "tilelang", TileLang kernels (flash_attention_tilelang.py,
+float16 / bfloat16) run as Plans of Calls: the forward by `compiled_forward` (the same (out, lse) as the Triton
+forward) and, on sm_90a for head dims up to 128, the backward by `compiled_backward` (dQ accumulated with fp32
+atomics); elsewhere backend="tilelang" runs the Triton backward (`compiled_backward_unsupported` says so). Autograd
+takes the TileLang backward only once TILELANG_BACKWARD_CHECKED (its GPU checks passed); until then it runs when
+called directly (the tilelang `_bwd_compiled` op, the tests and benchmarks/sweep_flash_attention_tilelang_bwd.py).
 """
 
 from __future__ import annotations
@@ -51,8 +54,8 @@ LOG2E = 1.4426950408889634
 # the int arguments the kernels build addresses from, passed in units of 16 elements where they all divide (_aligned)
 UNIT_ARGS = ("head_dim", "stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
              "stride_vs", "stride_vh")  # fmt: skip
-# The default is "triton" (backends.DEFAULTS says why); backend="tilelang" runs the TileLang forward and the Triton
-# backward.
+# The default is "triton" (backends.DEFAULTS says why); backend="tilelang" runs the TileLang forward and backward (the
+# Triton backward above head dim 128).
 backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.flash_attention_tilelang"})
 
 
@@ -809,6 +812,70 @@ def compiled_forward(
         load = functools.partial(module.function, kernel, dtype, dtype, arch)
         calls = (Call(f"tile_kernels_{backend}_{kernel}_{dtype}_sm{arch}", load, reads, ("out", "lse"), attrs),)
     return Plan({"q": dtype, "k": dtype, "v": dtype}, buffers, calls, ("out", "lse"))
+
+
+# Whether autograd runs the TileLang backward: written 2026-12-03 and checked on the CPU (plans, sm_90a lowering, an
+# nvcc build) but not yet on a GPU; set once tests/test_backends.py's TileLang backward test passes on one.
+TILELANG_BACKWARD_CHECKED = False
+
+
+def compiled_backward_unsupported(backend: str, dtype: str, head_dim: int, arch: int = 90) -> str | None:
+    """Why autograd does not run `backend`'s backward for these inputs on compute capability `arch` (its forward
+    runs: the Triton backward then runs, reading the same (out, lse)), or None. Triton's own backward: always None.
+    (The TileLang module is imported directly, as in check_backend: torch.compile may trace this.)"""
+    if backend != "tilelang":
+        return None
+    if not TILELANG_BACKWARD_CHECKED:
+        return "backward is not yet checked on a GPU (flash_attention.TILELANG_BACKWARD_CHECKED)"
+    return flash_attention_tilelang.backward_unsupported(dtype, head_dim, arch)
+
+
+def compiled_backward(
+    backend: str, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int, *,
+    dtype: str, causal: bool, window: tuple[int, int], scale: float | None, softcap: float, arch: int,
+    config: int = 0,
+) -> Plan:  # fmt: skip
+    """The backward of the TileLang backend for compute capability `arch`: the inputs and outputs of `backward` (q, k,
+    v, out, dout compact (B, S, H, D), lse (B, Hq, Sq) base 2; dq, dk, dv compact). Three calls: delta (and lse with
+    padded rows), the dK / dV kernel (dQ summed into an fp32 accumulator, zeroed here and updated in place), dQ from
+    the accumulator. `config`: an index into the module's BWD_CONFIGS (0 = the default). Raises ValueError for
+    inputs only the Triton backward runs (compiled_backward_unsupported)."""
+    why = flash_attention_tilelang.backward_unsupported(dtype, head_dim, arch) if backend == "tilelang" else None
+    if why:
+        raise ValueError(f"{NAME}: backend {backend!r} {why}; its forward runs with the Triton backward")
+    module = backends.module(NAME, backend)
+    d_pad = module.bucket(head_dim)
+    block_m = module.BWD_CONFIGS[module.family(arch)][d_pad][config][0]
+    q_shape, _ = _shapes(batch, seqlen_q, heads_q, head_dim, None)
+    k_shape, _ = _shapes(batch, seqlen_k, heads_k, head_dim, None)
+    run = math.prod(q_shape) > 0 and math.prod(k_shape) > 0
+    rows = cdiv(seqlen_q, block_m) * block_m  # whole query blocks: each block's dQ tile is added whole
+    buffers = {
+        "delta": BufferSpec((batch, heads_q, rows), "float32", zeroed=not run),
+        "lse_pad": BufferSpec((batch, heads_q, rows), "float32", zeroed=not run),
+        "dq_acc": BufferSpec((batch, heads_q, rows, d_pad), "float32", zeroed=True),
+        "dq": BufferSpec(q_shape, dtype, zeroed=not run),
+        "dk": BufferSpec(k_shape, dtype, zeroed=not run),
+        "dv": BufferSpec(k_shape, dtype, zeroed=not run),
+    }
+    calls = ()
+    if run:
+        left, right = _window(causal, window, seqlen_q, seqlen_k)
+        scale = default_scale(head_dim) if scale is None else float(scale)
+
+        def call(kernel, reads, writes, **attrs):
+            load = functools.partial(module.function, kernel, dtype, dtype, arch)
+            return Call(f"tile_kernels_{backend}_{kernel}_{dtype}_sm{arch}", load, reads, writes, attrs)
+
+        main = module.kernel_name(head_dim, softcap > 0, "bwd", config)
+        calls = (
+            call(module.kernel_name(head_dim, False, "bwd_pre"), ("out", "dout", "lse"), ("delta", "lse_pad")),
+            call(main, ("q", "k", "v", "dout", "lse_pad", "delta", "dq_acc"), ("dk", "dv", "dq_acc"), scale=scale,
+                 softcap=float(softcap) or 1.0, left=left, right=right),
+            call(module.kernel_name(head_dim, False, "bwd_post"), ("dq_acc",), ("dq",), scale=scale),
+        )  # fmt: skip
+    inputs = {"q": dtype, "k": dtype, "v": dtype, "out": dtype, "dout": dtype, "lse": "float32"}
+    return Plan(inputs, buffers, calls, ("dq", "dk", "dv"))
 
 
 def backward(

@@ -31,6 +31,33 @@ released to 24) and two wgmma consumer groups (240 each), K and V in 2 stages, a
 GEMM: a group's softmax never overlaps its own GEMMs, only the other group's. Overlapping a block's softmax with the
 next block's QK^T inside a group (T.Pipelined's order / stage / group, or T.wgmma_gemm / T.wait_wgmma), 3 stages and a
 wider BLOCK_N at head dim 128 are the next steps.
+
+Backward (sm_90a, head dims up to 128; elsewhere backend="tilelang" keeps the Triton backward:
+backward_unsupported), FlashAttention-2/3 style, three kernels:
+  * flash_bwd_pre: delta_i = sum_d dO_i * O_i, as the Triton preprocess, and a copy of lse, both (B, Hq, Sq rounded
+    up to BLOCK_M) (+inf / 0 in the padding): rows the main kernel's TMA loads with 16-byte aligned strides.
+  * flash_bwd: one program per (BLOCK_N keys, key/value head, batch entry). K and V stay in shared memory, dK and dV
+    accumulate in registers (split by rows over the two consumer warp groups), and one T.Pipelined loop walks the
+    (query head of the group, query block) pairs whose block sees some key of the program's (GQA: the Hq / Hk heads
+    of the group in turn, so dK / dV need no atomics). Per pair, on transposed scores (keys x queries), c = log2(e):
+        S^T = K Q^T,  dP^T = V dO^T                                  (wgmma, operands in shared memory)
+        P^T = exp2(scale c S^T - lse)   (softcap: exp2(softcap c t - lse), t = tanh(scale S^T / softcap))
+        dS^T = P^T (dP^T - delta) (* (1 - t^2) with softcap);  P^T = dS^T = 0 where the key is invisible
+        dV += P^T dO,  dK += dS^T Q                                   (P^T, dS^T from registers)
+        dQ_acc[b, h, rows] += dS K                                    (dS^T via shared memory; fp32 reduce-add)
+    then dK = scale dK, dV: stored in q's dtype. lse is the forward's, in base 2 (+inf where a row sees no key: P = 0).
+    The dQ accumulator is fp32 (B, Hq, Sq rounded up to BLOCK_M, bucket head dim), zeroed by the caller, updated in
+    place (the kernel's DQ_IN and DQ_ACC parameters are that one buffer: the Call reads and writes it); on sm_90a
+    each block's dS K tile goes out as one TMA reduce-add (cp.reduce.async.bulk), elsewhere as atomic adds.
+  * flash_bwd_post: dQ = scale dQ_acc, in q's dtype and (B, Sq, Hq, D) layout.
+The band is the forward's: (left, right) runtime ints, query blocks outside it are skipped, and blocks the band covers
+entirely (inside Sq and Sk) skip the mask (a runtime test per block).
+Backward design limits: as the forward's, plus head dims up to 128 (dK and dV of a 128-key block take 128 fp32
+registers a thread at head dim 128; the 256 bucket would need 256), and dQ summed by fp32 atomics (not
+bit-deterministic run to run). Configurations (BLOCK_M, BLOCK_N, stages, threads): BWD_CONFIGS, the first per
+bucket the default, the others selected by a "_c<i>" suffix of the kernel name (the benchmark's sweep).
+Backward status (2026-12-03): lowered and built for sm_90a on a CPU machine, not yet run on a GPU: autograd keeps the
+Triton backward until flash_attention.TILELANG_BACKWARD_CHECKED is set after its GPU tests pass.
 """
 
 import functools
@@ -55,6 +82,21 @@ CONFIGS = {
 }
 
 
+# Backward (BLOCK_M queries per step, BLOCK_N keys per program, stages, threads) per family and bucket; the first is
+# the default. sm_90a: two consumer warp groups of 64 key rows each (plus TileLang's producer); shared memory at head
+# dim 128: K, V 32 KiB each, 2 stages of Q, dO 16 KiB each, dS^T 16 KiB, the dQ tile 32 KiB (fp32) ~ 177 KiB.
+# sm_80 / gfx942: one row split for all five GEMMs (4 warps of 16 key rows: the layouts of S^T and of dS^T as an
+# operand agree), smaller tiles; lowered and built by the AOT matrix, not measured.
+BWD_HEAD_DIMS = (64, 128)
+BWD_CONFIGS = {
+    "sm90": {64: [(64, 128, 2, 256), (128, 128, 2, 256), (64, 128, 3, 256)],
+             128: [(64, 128, 2, 256), (64, 128, 3, 256)]},
+    "sm80": {64: [(64, 64, 2, 128)], 128: [(32, 64, 2, 128)]},
+    "hip": {64: [(32, 64, 1, 256)], 128: [(32, 64, 1, 256)]},
+}  # fmt: skip
+PRE_BLOCK = 64  # query rows per program of flash_bwd_pre / flash_bwd_post
+
+
 def bucket(head_dim: int) -> int:
     return next(d for d in HEAD_DIMS if head_dim <= d)
 
@@ -73,15 +115,40 @@ def unsupported_inputs(kwargs) -> str | None:
     return unsupported(str(kwargs["q"].dtype), kwargs["q"].shape[-1])
 
 
-def kernel_name(head_dim: int, softcap: bool) -> str:
-    """The kernel that serves this head dim: flash_fwd_d{bucket}[_pad][_softcap]."""
+def backward_unsupported(dtype: str, head_dim: int, arch: int = 90) -> str | None:
+    """Why the TileLang backward cannot run these inputs on compute capability `arch` (the Triton backward then runs),
+    or None. sm_90a only: TileLang 0.1.15's sm_80 code generation fails on its pipelined loop (a non-constant
+    `Downcast<IntImm>` in CUDA codegen), and it is measured nowhere else."""
+    if unsupported(dtype, head_dim):
+        return unsupported(dtype, head_dim)
+    if head_dim > BWD_HEAD_DIMS[-1]:
+        return f"backward supports head dims up to {BWD_HEAD_DIMS[-1]}, got {head_dim}"
+    if arch != 90:
+        return f"backward runs on sm_90a only, got sm_{arch}"
+    return None
+
+
+def kernel_name(head_dim: int, softcap: bool, direction: str = "fwd", config: int = 0) -> str:
+    """The kernel that serves this head dim: flash_{direction}_d{bucket}[_pad][_softcap][_c{config}]; direction
+    "fwd", "bwd" (the main backward kernel: configuration `config` of BWD_CONFIGS), "bwd_pre" or "bwd_post" (head dim
+    dynamic, no pad / softcap variants)."""
     d = bucket(head_dim)
-    return f"flash_fwd_d{d}" + ("" if head_dim == d else "_pad") + ("_softcap" if softcap else "")
+    if direction in ("bwd_pre", "bwd_post"):
+        return f"flash_{direction}_d{d}"
+    name = f"flash_{direction}_d{d}" + ("" if head_dim == d else "_pad") + ("_softcap" if softcap else "")
+    return name + (f"_c{config}" if config else "")
 
 
-def _parse(kernel: str) -> tuple[int, bool, bool]:
-    parts = kernel.removeprefix("flash_fwd_d").split("_")
-    return int(parts[0]), "pad" not in parts, "softcap" in parts
+def _parse(kernel: str) -> tuple[int, bool, bool, int]:
+    """(bucket, EVEN, SOFTCAP, config) of a kernel_name."""
+    parts = kernel.split("_d", 1)[1].split("_")
+    config = next((int(p[1:]) for p in parts if p.startswith("c")), 0)
+    return int(parts[0]), "pad" not in parts, "softcap" in parts, config
+
+
+def family(arch: int) -> str:
+    """The configuration family (CONFIGS, BWD_CONFIGS) of CUDA compute capability `arch` (90 for 9.0)."""
+    return _family(tilelang_target(arch))
 
 
 def _family(tilelang_target: dict) -> str:
@@ -119,7 +186,11 @@ def prim_func(kernel: str, dtype: str, tilelang_target: dict):
 
     if kernel == NO_KEYS_KERNEL:
         return _no_keys(dtype)
-    d_pad, even, has_softcap = _parse(kernel)
+    if kernel.startswith(("flash_bwd_pre_", "flash_bwd_post_")):
+        return (_bwd_pre if kernel.startswith("flash_bwd_pre_") else _bwd_post)(_parse(kernel)[0], dtype)
+    if kernel.startswith("flash_bwd_"):
+        return _bwd(kernel, dtype, tilelang_target)
+    d_pad, even, has_softcap, _ = _parse(kernel)
     block_m, block_n, stages, threads = CONFIGS[_family(tilelang_target)][d_pad]
     f32 = "float32"
     B, SQ, SK, HQ, HK = T.dynamic("B SQ SK HQ HK")
@@ -210,8 +281,206 @@ def prim_func(kernel: str, dtype: str, tilelang_target: dict):
     return flash_fwd
 
 
+def _bwd_pre(d_pad: int, dtype: str):
+    """Rows padded to SQP (a multiple of the main kernel's BLOCK_M, so that its TMA loads of these rows see 16-byte
+    aligned strides): DELTA[b, h, i] = sum_d OUT[b, i, h, d] * DOUT[b, i, h, d] (0 past Sq) and LSE_PAD[b, h, i] =
+    LSE[b, h, i] (+inf past Sq: P = 0 there); grid (cdiv(SQP, PRE_BLOCK), Hq, B)."""
+    import tilelang.language as T
+
+    B, SQ, SQP, HQ, D = T.dynamic("B SQ SQP HQ D")
+    f32 = "float32"
+
+    @T.prim_func
+    def flash_bwd_pre(
+        OUT: T.Tensor((B, SQ, HQ, D), dtype),
+        DOUT: T.Tensor((B, SQ, HQ, D), dtype),
+        LSE: T.Tensor((B, HQ, SQ), f32),
+        DELTA: T.Tensor((B, HQ, SQP), f32),
+        LSE_PAD: T.Tensor((B, HQ, SQP), f32),
+    ):
+        with T.Kernel(T.ceildiv(SQP, PRE_BLOCK), HQ, B, threads=128) as (mb, h, b):
+            o = T.alloc_fragment((PRE_BLOCK, d_pad), dtype)
+            do = T.alloc_fragment((PRE_BLOCK, d_pad), dtype)
+            prod = T.alloc_fragment((PRE_BLOCK, d_pad), f32)
+            delta = T.alloc_fragment((PRE_BLOCK,), f32)
+            m0 = mb * PRE_BLOCK
+            T.copy(OUT[b, m0 : m0 + PRE_BLOCK, h, 0:d_pad], o)  # rows past Sq read as 0
+            T.copy(DOUT[b, m0 : m0 + PRE_BLOCK, h, 0:d_pad], do)
+            for i, j in T.Parallel(PRE_BLOCK, d_pad):
+                prod[i, j] = T.cast(o[i, j], f32) * T.cast(do[i, j], f32)
+            T.reduce_sum(prod, delta, dim=1)
+            for i in T.Parallel(PRE_BLOCK):
+                if m0 + i < SQP:
+                    DELTA[b, h, m0 + i] = delta[i]
+                    LSE_PAD[b, h, m0 + i] = T.if_then_else(m0 + i < SQ, LSE[b, h, T.min(m0 + i, SQ - 1)],
+                                                           T.infinity(f32))  # fmt: skip
+
+    return flash_bwd_pre
+
+
+def _bwd_post(d_pad: int, dtype: str):
+    """DQ[b, i, h, :D] = scale * DQ_ACC[b, h, i, :D]; grid (cdiv(Sq, PRE_BLOCK), Hq, B)."""
+    import tilelang.language as T
+
+    B, SQ, SQP, HQ, D = T.dynamic("B SQ SQP HQ D")
+    f32 = "float32"
+
+    @T.prim_func
+    def flash_bwd_post(
+        DQ_ACC: T.Tensor((B, HQ, SQP, d_pad), f32), DQ: T.Tensor((B, SQ, HQ, D), dtype), scale: T.float32
+    ):
+        with T.Kernel(T.ceildiv(SQ, PRE_BLOCK), HQ, B, threads=128) as (mb, h, b):
+            acc = T.alloc_fragment((PRE_BLOCK, d_pad), f32)
+            m0 = mb * PRE_BLOCK
+            T.copy(DQ_ACC[b, h, m0 : m0 + PRE_BLOCK, 0:d_pad], acc)
+            for i, j in T.Parallel(PRE_BLOCK, d_pad):
+                acc[i, j] = acc[i, j] * scale
+            T.copy(acc, DQ[b, m0 : m0 + PRE_BLOCK, h, 0:d_pad])
+
+    return flash_bwd_post
+
+
+def _bwd(kernel: str, dtype: str, tilelang_target: dict):
+    """The main backward kernel (see the module doc); grid (cdiv(Sk, BLOCK_N), Hk, B). Parameters: Q, K, V, DOUT, LSE,
+    DELTA (flash_bwd_pre's padded rows), DQ_IN (reads), DK, DV, DQ_ACC (writes; DQ_IN and DQ_ACC are one buffer,
+    updated in place), scale, softcap, left, right."""
+    import tilelang.language as T
+
+    d_pad, even, has_softcap, config = _parse(kernel)
+    family = _family(tilelang_target)
+    block_m, block_n, stages, threads = BWD_CONFIGS[family][d_pad][config]
+    dq_tma = family == "sm90"  # one TMA reduce-add per dQ tile (cp.reduce.async.bulk.tensor); atomics elsewhere
+    f32 = "float32"
+    B, SQ, SQP, SK, HQ, HK = T.dynamic("B SQ SQP SK HQ HK")
+    D = d_pad if even else T.dynamic("D")
+    hints = None if even else {"disable_tma": True}
+
+    @T.prim_func
+    def flash_bwd(
+        Q: T.Tensor((B, SQ, HQ, D), dtype),
+        K: T.Tensor((B, SK, HK, D), dtype),
+        V: T.Tensor((B, SK, HK, D), dtype),
+        DOUT: T.Tensor((B, SQ, HQ, D), dtype),
+        LSE: T.Tensor((B, HQ, SQP), f32),  # flash_bwd_pre's padded rows (+inf past Sq)
+        DELTA: T.Tensor((B, HQ, SQP), f32),
+        DQ_IN: T.Tensor((B, HQ, SQP, d_pad), f32),  # noqa: ARG001 - DQ_ACC's buffer, as the Call passes it
+        DK: T.Tensor((B, SK, HK, D), dtype),
+        DV: T.Tensor((B, SK, HK, D), dtype),
+        DQ_ACC: T.Tensor((B, HQ, SQP, d_pad), f32),
+        scale: T.float32,
+        softcap: T.float32,
+        left: T.int32,
+        right: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(SK, block_n), HK, B, threads=threads) as (nb, hk, b):
+            k_tile = T.alloc_shared((block_n, d_pad), dtype)
+            v_tile = T.alloc_shared((block_n, d_pad), dtype)
+            q_tile = T.alloc_shared((block_m, d_pad), dtype)
+            do_tile = T.alloc_shared((block_m, d_pad), dtype)
+            lse = T.alloc_shared((block_m,), f32)
+            delta = T.alloc_shared((block_m,), f32)
+            ds_tile = T.alloc_shared((block_n, block_m), dtype)
+            dk_tile = T.alloc_shared((block_n, d_pad), dtype)
+            dv_tile = T.alloc_shared((block_n, d_pad), dtype)
+            st = T.alloc_fragment((block_n, block_m), f32)  # S^T, then unused
+            dpt = T.alloc_fragment((block_n, block_m), f32)  # dP^T
+            pt = T.alloc_fragment((block_n, block_m), dtype)  # P^T
+            dst = T.alloc_fragment((block_n, block_m), dtype)  # dS^T
+            dk = T.alloc_fragment((block_n, d_pad), f32)
+            dv = T.alloc_fragment((block_n, d_pad), f32)
+            dq = T.alloc_fragment((block_m, d_pad), f32)
+            if dq_tma:
+                dq_tile = T.alloc_shared((block_m, d_pad), f32)
+
+            group = HQ // HK
+            n0 = nb * block_n
+            shift = SK - SQ  # bottom-right alignment: key j is seen by queries [j - shift - right, j - shift + left]
+            # query blocks [first, last) hold every row that sees a key of this block; at least one (clamped into Sq)
+            # so the loop runs: a block that sees nothing then has P = 0 and adds zeros
+            first = T.min(T.max(n0 - shift - right, 0) // block_m, T.ceildiv(SQ, block_m) - 1)
+            last = T.max(T.ceildiv(T.min(n0 + block_n - shift + left, SQ), block_m), first + 1)
+            blocks = last - first
+
+            T.copy(K[b, n0 : n0 + block_n, hk, 0:d_pad], k_tile, annotations=hints)
+            T.copy(V[b, n0 : n0 + block_n, hk, 0:d_pad], v_tile, annotations=hints)
+            T.fill(dk, 0)
+            T.fill(dv, 0)
+            for step in T.Pipelined(group * blocks, num_stages=stages):
+                h = hk * group + step // blocks
+                m0 = (first + step % blocks) * block_m
+                T.copy(Q[b, m0 : m0 + block_m, h, 0:d_pad], q_tile, annotations=hints)
+                T.copy(LSE[b, h, m0 : m0 + block_m], lse)
+                T.gemm(k_tile, q_tile, st, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                T.copy(DOUT[b, m0 : m0 + block_m, h, 0:d_pad], do_tile, annotations=hints)
+                T.copy(DELTA[b, h, m0 : m0 + block_m], delta)
+                T.gemm(v_tile, do_tile, dpt, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                # every (key, query) pair of the block visible, inside Sq and Sk: no mask
+                partial = (
+                    (n0 + left < m0 + block_m - 1 + shift)
+                    | (n0 + block_n - 1 > m0 + shift + right)
+                    | (m0 + block_m > SQ)
+                    | (n0 + block_n > SK)
+                )
+                if partial:
+                    for i, j in T.Parallel(block_n, block_m):
+                        key = n0 + i
+                        diag = m0 + j + shift
+                        seen = (m0 + j < SQ) & (key < SK) & (key >= diag - left) & (key <= diag + right)
+                        if has_softcap:
+                            # tanh(x) = 1 - 2 / (exp(2x) + 1), from exp2 as in the forward
+                            t = 1 - 2 / (T.exp2(st[i, j] * (scale / softcap * 2 * LOG2E)) + 1)
+                            p = T.if_then_else(seen, T.exp2(t * (softcap * LOG2E) - lse[j]), 0)
+                            pt[i, j] = p
+                            dst[i, j] = p * (dpt[i, j] - delta[j]) * (1 - t * t)
+                        else:
+                            p = T.if_then_else(seen, T.exp2(st[i, j] * (scale * LOG2E) - lse[j]), 0)
+                            pt[i, j] = p
+                            dst[i, j] = p * (dpt[i, j] - delta[j])
+                else:
+                    for i, j in T.Parallel(block_n, block_m):
+                        if has_softcap:
+                            t = 1 - 2 / (T.exp2(st[i, j] * (scale / softcap * 2 * LOG2E)) + 1)
+                            p = T.exp2(t * (softcap * LOG2E) - lse[j])
+                            pt[i, j] = p
+                            dst[i, j] = p * (dpt[i, j] - delta[j]) * (1 - t * t)
+                        else:
+                            p = T.exp2(st[i, j] * (scale * LOG2E) - lse[j])
+                            pt[i, j] = p
+                            dst[i, j] = p * (dpt[i, j] - delta[j])
+                T.gemm(pt, do_tile, dv, policy=T.GemmWarpPolicy.FullRow)
+                T.copy(dst, ds_tile)
+                T.gemm(dst, q_tile, dk, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(ds_tile, k_tile, dq, transpose_A=True, clear_accum=True)
+                if dq_tma:
+                    T.copy(dq, dq_tile)
+                    T.atomic_add(DQ_ACC[b, h, m0 : m0 + block_m, 0:d_pad], dq_tile, annotations={"use_tma": 1})
+                else:
+                    for i, j in T.Parallel(block_m, d_pad):
+                        T.atomic_add(DQ_ACC[b, h, m0 + i, j], dq[i, j])
+            for i, j in T.Parallel(block_n, d_pad):
+                dk[i, j] = dk[i, j] * scale
+            T.copy(dk, dk_tile)
+            T.copy(dv, dv_tile)
+            T.copy(dk_tile, DK[b, n0 : n0 + block_n, hk, 0:d_pad], annotations=hints)
+            T.copy(dv_tile, DV[b, n0 : n0 + block_n, hk, 0:d_pad], annotations=hints)
+
+    return flash_bwd
+
+
+def backward_variants(dtypes, configs: bool = False) -> list[tuple[str, str, str]]:
+    """(kernel, dtype, dtype) of the backward's kernels (sm_90a only, so not in `variants`, the AOT matrix of every
+    TileLang target); `configs`: the main kernel's alternative configurations too."""
+    kernels = [kernel_name(d - pad, softcap, "bwd") for d in BWD_HEAD_DIMS for pad in (0, 1)
+               for softcap in (False, True)]  # fmt: skip
+    kernels += [kernel_name(d, False, step) for d in BWD_HEAD_DIMS for step in ("bwd_pre", "bwd_post")]
+    if configs:
+        alternatives = [(d, i) for d in BWD_HEAD_DIMS for i in range(1, len(BWD_CONFIGS["sm90"][d]))]
+        kernels += [kernel_name(d, False, "bwd", i) for d, i in alternatives]
+    return [(k, d, d) for d in dtypes if d in DTYPES for k in kernels]
+
+
 def variants(dtypes) -> list[tuple[str, str, str]]:
-    """(kernel, dtype, dtype) of every kernel in the given dtypes that it supports (the AOT matrix)."""
+    """(kernel, dtype, dtype) of every forward kernel in the given dtypes that it supports (the AOT matrix)."""
     kernels = [kernel_name(d - pad, softcap) for d in HEAD_DIMS for pad in (0, 1) for softcap in (False, True)]
     kernels.append(NO_KEYS_KERNEL)
     return [(k, d, d) for d in dtypes if d in DTYPES for k in kernels]

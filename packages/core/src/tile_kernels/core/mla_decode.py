@@ -18,19 +18,26 @@ Kernels (flash-decoding as tile_kernels.core.decode_attention, whose combine ker
   * combine (decode_attention's): weights 2^(lse_s - max), the output in q's dtype and the lse.
 Dc up to 512 and Dr up to 64, each padded to a power of two >= 16 with masks. Design limit of this Triton path:
 the (BLOCK_H, Dc) fp32 accumulator and a (BLOCK_N, Dc) tile live in registers (no warp specialization, no split of
-Dc across warp groups), 64 heads a tile at Dc 512 on warp-32 GPUs; it is the portable path."""
+Dc across warp groups), 64 heads a tile at Dc 512 on warp-32 GPUs; it is the portable path.
+Backends (backends.py): "triton" (the kernels here, the default) and "tilelang", a Hopper split kernel
+(mla_decode_tilelang.py: Dc 512 / Dr 64, float16 / bfloat16, sm_90a, pages a multiple of its position block) run
+by `compiled_forward` as a Plan of a TileLang Call and, with S > 1, this module's combine Launch; same out and lse."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import triton
 import triton.language as tl
 
-from . import checks
+from . import backends, checks, mla_decode_tilelang
+from .backends import Call
 from .decode_attention import (
     COMBINE_SPLITS,
+    MAX_SPLITS,
+    MIN_SPLIT_BLOCKS,
     UNITS,
     cache_rows,
     decode_combine_kernel,
@@ -43,10 +50,24 @@ from .decode_attention import (
 )
 from .flash_attention import dot
 from .host import interpreting
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
+from .plan import (
+    FLOAT_DTYPES,
+    ITEMSIZE,
+    BufferSpec,
+    Launch,
+    Plan,
+    Target,
+    cdiv,
+    dtype_name,
+    in_units,
+    next_power_of_2,
+)
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
 NAME = "mla_decode"
+# The default is "triton" (no measurement of the TileLang kernel yet, see backends.DEFAULTS); backend="tilelang" runs
+# mla_decode_tilelang's split kernel (and the Triton combine).
+backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.mla_decode_tilelang"})
 MAX_LATENT_DIM = 512
 MAX_ROPE_DIM = 64
 # the int arguments the split kernel builds addresses from, in units of 16 (or 8) elements where they all divide
@@ -177,9 +198,87 @@ def check(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softmax_sca
         raise TypeError(f"{NAME}: return_lse must be a bool, got {type(return_lse).__name__}")
 
 
-def options(q_nope, q_pe, softmax_scale) -> float:
-    """The scale the kernels take, once `check` has passed."""
+def check_backend(backend: str, dtype: str, latent_dim: int, rope_dim: int, page_size: int | None = None,
+                  arch: int | None = None) -> None:  # fmt: skip
+    """Raises ValueError naming the input a resolved backend cannot run (the TileLang kernel: float32, other dims,
+    pages that are not a multiple of its position block, a GPU other than Hopper). The TileLang module is imported
+    directly (it imports TileLang itself only to build): torch.compile traces this check."""
+    if backend != "tilelang":
+        return
+    why = mla_decode_tilelang.unsupported(dtype, latent_dim, rope_dim, arch)
+    if why is None and page_size is not None:
+        why = mla_decode_tilelang.unsupported_page_size(page_size)
+    if why:
+        raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
+
+
+def options(q_nope, q_pe, softmax_scale, backend: str = "triton", block_table=None, kv_c=None) -> float:
+    """The scale the kernels take, once `check` has passed and the backend is resolved; raises what that backend
+    cannot run (check_backend: the page size is kv_c's second dim when block_table is given)."""
+    page_size = kv_c.shape[1] if block_table is not None and kv_c is not None else None
+    check_backend(backend, dtype_name(q_nope.dtype), q_nope.shape[-1], q_pe.shape[-1], page_size)
     return default_scale(q_nope.shape[-1], q_pe.shape[-1]) if softmax_scale is None else float(softmax_scale)
+
+
+PROGRAM_BLOCKS, COMBINE_BLOCKS = 2, 4  # tilelang_split_count's model (guesses until measured)
+
+
+def tilelang_split_count(batch: int, heads: int, seqlen_k: int, num_sms: int, block_n: int) -> int:
+    """Splits of the TileLang kernel, whose programs each fill a multiprocessor (224 KiB of shared memory): the count
+    of the least modelled time, in blocks of positions: waves x (blocks a split + PROGRAM_BLOCKS, a program's own
+    cost: queries, prologue, epilogue) + COMBINE_BLOCKS when split (the partials' writes and the combine); ties to
+    the fewest splits; every split at least MIN_SPLIT_BLOCKS blocks of the capacity. A function of shapes only."""
+    programs = batch * cdiv(heads, mla_decode_tilelang.BLOCK_H)
+    if programs == 0 or seqlen_k == 0:
+        return 1
+    blocks = cdiv(seqlen_k, block_n)
+    most = max(1, min(MAX_SPLITS, cdiv(seqlen_k, MIN_SPLIT_BLOCKS * block_n)))
+
+    def time(s: int) -> int:
+        return cdiv(programs * s, num_sms) * (cdiv(blocks, s) + PROGRAM_BLOCKS) + (COMBINE_BLOCKS if s > 1 else 0)
+
+    return min(range(1, most + 1), key=lambda s: (time(s), s))
+
+
+def compiled_forward(
+    backend: str, batch: int, heads: int, latent_dim: int, rope_dim: int, seqlen_k: int, *, dtype: str,
+    scale: float | None, arch: int, target: Target, page_size: int | None = None, num_splits: int | None = None,
+    tile_config: str | None = None,
+) -> Plan:  # fmt: skip
+    """The TileLang backend's forward for compute capability `arch` (90): inputs as `forward`'s, compact; outputs out
+    and lse exactly as `forward`'s. A Call of the split kernel (mla_decode_tilelang.py), and with S > 1 splits the
+    combine Launch (Triton, as `forward`'s). `tile_config`: one of mla_decode_tilelang.CONFIGS (None: its default; the
+    benchmark tries the others). An empty cache (capacity 0) or an empty output runs `forward`'s plan (its kernels
+    write 0 and -inf; a TMA descriptor cannot describe an empty cache)."""
+    module = backends.module(NAME, backend)
+    tile_config = tile_config or module.DEFAULT_CONFIG
+    check_backend(backend, dtype, latent_dim, rope_dim, page_size, arch)
+    why = module.unsupported_page_size(page_size, tile_config) if page_size is not None else None
+    if why:
+        raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
+    if batch * heads == 0 or seqlen_k == 0:
+        return forward(batch, heads, latent_dim, rope_dim, seqlen_k, dtype=dtype, scale=scale, target=target,
+                       page_size=page_size)  # fmt: skip
+    paged = page_size is not None
+    block_n = module.CONFIGS[tile_config][0]
+    splits = num_splits or tilelang_split_count(batch, heads, seqlen_k, target.num_sms, block_n)
+    inputs = {"q_nope": dtype, "q_pe": dtype, "kv_c": dtype, "k_pe": dtype, "cache_seqlens": "int32"}
+    if paged:
+        inputs["block_table"] = "int32"
+    buffers = {"out": BufferSpec((batch, heads, latent_dim), dtype), "lse": BufferSpec((batch, heads), "float32")}
+    kernel = module.kernel_name(paged, splits > 1, tile_config)
+    load = functools.partial(module.function, kernel, dtype, dtype, arch)
+    writes = ("out", "lse") if splits == 1 else ("partial_o", "partial_lse")
+    attrs = {"scale": default_scale(latent_dim, rope_dim) if scale is None else float(scale)}
+    steps = (Call(f"tile_kernels_{backend}_{kernel}_{dtype}_sm{arch}", load, tuple(inputs), writes, attrs),)
+    if splits > 1:
+        buffers |= {"partial_o": BufferSpec((batch, heads, splits, latent_dim), "float32"),
+                    "partial_lse": BufferSpec((batch, heads, splits), "float32")}  # fmt: skip
+        combine = Launch(decode_combine_kernel, (batch, heads), ("partial_o", "partial_lse", heads, latent_dim,
+                         splits), ("out", "lse"), dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=latent_dim, HAS_LSE=True),
+                         num_warps=4)  # fmt: skip
+        steps += (in_units(combine, "head_dim", units=UNITS),)
+    return Plan(inputs, buffers, steps, ("out", "lse"))
 
 
 def forward(

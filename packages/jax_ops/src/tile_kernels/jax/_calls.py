@@ -3,7 +3,9 @@
 Each compiled function is registered once as an XLA FFI target through jax-tvm-ffi (imported lazily: GPU only) and
 called with `jax.ffi.ffi_call` inside the traced computation: its inputs, then its outputs, then its scalars as FFI
 attributes; it runs on XLA's stream. jit, grad (custom_vjp) and the adapters' custom_vmap rules work as for the
-jax-triton calls of `_runtime.run_plan`. Buffers no call writes (an empty problem) are zeros.
+jax-triton calls of `_runtime.run_plan`. Buffers no call writes (an empty problem) are zeros. A buffer that a call both
+reads and writes is updated in place: its input is aliased to its output (the function sees one buffer twice, as
+torch's run_calls passes it), starting from zeros when no earlier call wrote it (its BufferSpec is zeroed).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from tile_kernels.core import Plan
+from tile_kernels.core.backends import Call
 
-from ._runtime import mode
+from ._runtime import _import_jax_triton, _launch, mode
 
 
 def platform(op: str) -> str:
@@ -54,11 +57,15 @@ def _attr(value):
 
 def run_calls(plan: Plan, *inputs: jax.Array) -> tuple[jax.Array, ...]:
     bufs = dict(zip(plan.inputs, inputs, strict=True))
-    written = {w for call in plan.launches for w in call.writes}
+    written = {w for call in plan.launches for w in call.writes if w not in call.reads}
     specs = {name: jax.ShapeDtypeStruct(s.shape, jnp.dtype(s.dtype)) for name, s in plan.buffers.items()}
     bufs |= {name: jnp.zeros(s.shape, s.dtype) for name, s in specs.items() if name not in written}
     for call in plan.launches:
-        outs = jax.ffi.ffi_call(_ffi_target(call), [specs[w] for w in call.writes])(
+        if not isinstance(call, Call):  # a Triton Launch among the Calls (mla_decode's combine): through jax-triton
+            _launch(_import_jax_triton(), plan, bufs, call)
+            continue
+        aliases = {call.reads.index(w): i for i, w in enumerate(call.writes) if w in call.reads}
+        outs = jax.ffi.ffi_call(_ffi_target(call), [specs[w] for w in call.writes], input_output_aliases=aliases)(
             *(bufs[name] for name in call.reads), **{k: _attr(v) for k, v in call.attrs.items()}
         )
         bufs.update(zip(call.writes, outs))

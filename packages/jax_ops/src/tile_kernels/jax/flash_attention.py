@@ -1,7 +1,7 @@
 """JAX adapter of tile_kernels.core.flash_attention: custom_vjp for grad (the forward's lse saved as a residual),
 custom_vmap for vmap (the vmapped axis folds into the batch: one launch per kernel). backend="tilelang" runs the
-forward's Plan of Calls (TileLang, through `_calls.run_calls`) in place of the Triton plan; the backward is Triton's
-for every backend."""
+forward's Plan of Calls (TileLang, through `_calls.run_calls`) in place of the Triton plan, and its backward's for head
+dims up to 128 on sm_90a (the Triton backward elsewhere: core.compiled_backward_unsupported)."""
 
 from __future__ import annotations
 
@@ -43,15 +43,21 @@ def _forward_call(
 
 
 @functools.cache
-def _backward_call(causal: bool, window: tuple[int, int], scale: float, softcap: float, heads_q: int, heads_k: int):
+def _backward_call(
+    causal: bool, window: tuple[int, int], scale: float, softcap: float, heads_q: int, heads_k: int, backend: str
+):  # fmt: skip
     def call(do5, q5, k5, v5, out5, lse4):
         kind = mode(core.NAME)
         problems, batch, seqlen_q, hq, head_dim = q5.shape
-        plan = core.backward(problems * batch, seqlen_q, k5.shape[2], hq, k5.shape[3], head_dim,
-                             dtype=dtype_name(q5.dtype), causal=causal, window=window, scale=scale, softcap=softcap,
-                             target=target(kind))  # fmt: skip
+        sizes = (problems * batch, seqlen_q, k5.shape[2], hq, k5.shape[3], head_dim)
+        options = dict(dtype=dtype_name(q5.dtype), causal=causal, window=window, scale=scale, softcap=softcap)
         lse = lse4.reshape((problems * batch,) + lse4.shape[2:])
-        dq, dk, dv = run_plan(plan, kind, *map(_problem, (q5, k5, v5, out5, do5)), lse)
+        if backend != "triton":  # the TileLang backward
+            plan = core.compiled_backward(backend, *sizes, **options, arch=cuda_arch())
+            dq, dk, dv = run_calls(plan, *map(_problem, (q5, k5, v5, out5, do5)), lse)
+        else:
+            plan = core.backward(*sizes, **options, target=target(kind))
+            dq, dk, dv = run_plan(plan, kind, *map(_problem, (q5, k5, v5, out5, do5)), lse)
         return [dq.reshape(q5.shape), dk.reshape(k5.shape), dv.reshape(v5.shape)]
 
     return batched_row_local(core.NAME, call, sharding.KERNELS["flash_attention_bwd"](heads_q, heads_k))
@@ -72,9 +78,12 @@ def _flash_attention(q, k, v, causal, window, scale, softcap, backend):
     return _forward(q, k, v, causal, window, scale, softcap, backend)[0]
 
 
-def _flash_attention_bwd(causal, window, scale, softcap, _backend, saved, dout):  # Triton's for every backend
+def _flash_attention_bwd(causal, window, scale, softcap, backend, saved, dout):
     q, k, v, out, lse = saved
-    call = _backward_call(*_options(q, k, causal, window, scale, softcap))
+    arch = cuda_arch() if backend != "triton" else 0
+    if core.compiled_backward_unsupported(backend, dtype_name(q.dtype), q.shape[-1], arch):
+        backend = "triton"  # the backend's forward with the Triton backward (it reads the same out, lse)
+    call = _backward_call(*_options(q, k, causal, window, scale, softcap), backend)
     dq, dk, dv = call(dout.astype(q.dtype)[None], q[None], k[None], v[None], out[None], lse[None])
     return dq[0], dk[0], dv[0]
 
@@ -90,7 +99,8 @@ def flash_attention(
     """Attention of q (B, Sq, Hq, D) over k, v (B, Sk, Hk, D), Hq % Hk == 0; causal aligned bottom-right; window
     (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
     with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D). backend: "triton", "tilelang" (its forward; float16 /
-    bfloat16), or None for the default of the device (tile_kernels.core.backends)."""
+    bfloat16; its backward too, once checked on a GPU), or None for the default of the device
+    (tile_kernels.core.backends)."""
     core.check(q, k, v, causal, window, softmax_scale, softcap)
     backend = backends.resolve(core.NAME, backend, platform(core.NAME), needs=("jax_tvm_ffi",))
     causal, window, scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)

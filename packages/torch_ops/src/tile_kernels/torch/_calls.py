@@ -11,7 +11,7 @@ import torch
 
 from tile_kernels.core import Plan, backends
 
-from ._runtime import allocate
+from ._runtime import _LaunchStep, allocate
 
 
 def platform(device: torch.device) -> str:
@@ -28,11 +28,16 @@ def cuda_arch(device: torch.device) -> int:
 
 
 def run_calls(plan: Plan, *inputs: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Runs plan's Calls with `inputs` (compact tensors) bound to plan.inputs; returns plan.outputs."""
+    """Runs plan's Calls with `inputs` (compact tensors) bound to plan.inputs; returns plan.outputs. A Triton Launch
+    among the Calls (mla_decode's combine) runs as the Triton executor runs it."""
     bufs = dict(zip(plan.inputs, inputs, strict=True))
     bufs |= {name: allocate(s.shape, getattr(torch, s.dtype), s.zeroed, device) for name, s in plan.buffers.items()}
-    for call in plan.launches:
-        call.load()(*(bufs[name] for name in call.reads + call.writes), *call.attrs.values())
+    for step in plan.launches:
+        if isinstance(step, backends.Call):
+            step.load()(*(bufs[name] for name in step.reads + step.writes), *step.attrs.values())
+        else:
+            names = list(bufs)
+            _LaunchStep(step, {n: i for i, n in enumerate(names)}).run([bufs[n] for n in names], device)
     return tuple(bufs[name] for name in plan.outputs)
 
 

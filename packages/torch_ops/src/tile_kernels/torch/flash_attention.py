@@ -2,8 +2,9 @@
 
 The forward op returns (out, lse); lse (B, Hq, Sq) fp32 (base 2, +inf for rows that see no key) is what the backward
 needs and is saved by autograd, not exposed by the public function. backend="tilelang" runs the forward through the
-custom op tile_kernels::flash_attention_fwd_compiled (TileLang, opaque to torch.compile, with a fake implementation);
-the backward is Triton's for every backend."""
+custom op tile_kernels::flash_attention_fwd_compiled (TileLang, opaque to torch.compile, with a fake implementation)
+and its backward through tile_kernels::flash_attention_bwd_compiled (the same; sm_90a, head dims up to 128, else the
+Triton backward: core.compiled_backward_unsupported)."""
 
 from __future__ import annotations
 
@@ -78,16 +79,45 @@ def _bwd(
     return dq, dk, dv
 
 
+@custom_op("tile_kernels::flash_attention_bwd_compiled", mutates_args=())
+def flash_attention_bwd_compiled(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    causal: bool, window_left: int, window_right: int, softmax_scale: float, softcap: float, backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """flash_attention_bwd through the TileLang kernels (compact inputs: strided ones are copied)."""
+    q, k, v, out, dout, lse = (t.contiguous() for t in (q, k, v, out, dout, lse))
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    plan = core.compiled_backward(
+        backend, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, dtype=dtype_name(q.dtype),
+        causal=causal, window=(window_left, window_right), scale=softmax_scale, softcap=softcap,
+        arch=cuda_arch(q.device),
+    )  # fmt: skip
+    dq, dk, dv = run_calls(plan, q, k, v, out, dout, lse, device=q.device)
+    return dq, dk, dv
+
+
+@flash_attention_bwd_compiled.register_fake
+def _(dout, q, k, v, out, lse, causal, window_left, window_right, softmax_scale, softcap, backend):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, *options, _backend = inputs
-    ctx.options = options  # the backward is Triton's for every backend
+    q, k, v, *options, backend = inputs
+    ctx.options = options
+    # the backend's own backward where it has one for these inputs, else Triton's (it reads the same out, lse)
+    arch = cuda_arch(q.device) if backend != "triton" else 0
+    compiled = core.compiled_backward_unsupported(backend, dtype_name(q.dtype), q.shape[-1], arch) is None
+    ctx.backend = backend if compiled else "triton"
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.set_materialize_grads(False)  # lse gets no zero-filled cotangent
 
 
 def _backward(ctx, dout, _dlse):
-    dq, dk, dv = flash_attention_bwd(dout, *ctx.saved_tensors, *ctx.options)
+    if ctx.backend != "triton":
+        dq, dk, dv = flash_attention_bwd_compiled(dout, *ctx.saved_tensors, *ctx.options, ctx.backend)
+    else:
+        dq, dk, dv = flash_attention_bwd(dout, *ctx.saved_tensors, *ctx.options)
     return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -102,7 +132,8 @@ def flash_attention(
     """Attention of q (B, Sq, Hq, D) over k, v (B, Sk, Hk, D), Hq % Hk == 0; causal aligned bottom-right; window
     (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
     with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D). backend: "triton", "tilelang" (its forward; float16 /
-    bfloat16), or None for the default of the device (tile_kernels.core.backends)."""
+    bfloat16; its backward too, once checked on a GPU), or None for the default of the device
+    (tile_kernels.core.backends)."""
     _, device = validated(core.NAME, core.check, ("q", "k", "v", None, None, None, None), q, k, v, causal, window,
                           softmax_scale, softcap)  # fmt: skip
     backend = resolve_backend(core.NAME, backend, device)
