@@ -35,11 +35,9 @@ def decode_candidates(m):
 
 
 def prefill_candidates():
-    for bm, bn, bk, warps, stages, nib in [(128, 128, 64, 8, 3, False), (128, 256, 64, 8, 3, False),
-                                           (256, 128, 64, 8, 3, False), (128, 128, 128, 8, 3, True),
-                                           (128, 256, 128, 8, 3, True), (128, 256, 128, 8, 2, True),
-                                           (256, 128, 128, 8, 2, True), (128, 128, 128, 4, 3, True)]:  # fmt: skip
-        yield core.Blocks(bm, bn, bk, warps, stages, post_scale=False, by_nibble=nib)
+    for bm, bn, bk, warps, stages in [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
+                                      (128, 256, 128, 8, 2), (128, 128, 128, 4, 3)]:  # fmt: skip
+        yield core.Blocks(bm, bn, bk, warps, stages, post_scale=False)
     for bm, bn, bk, warps, stages in [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3)]:
         yield core.Blocks(bm, bn, bk, warps, stages, by_nibble=True)  # scales after the product
 

@@ -195,3 +195,8 @@ def tilelang_build(make_prim_func: Callable, target: dict, pass_configs: dict | 
 
     with _TILELANG_LOCK, tvm.target.Target(target):
         return tilelang.compile(make_prim_func(), target=target, execution_backend="tvm_ffi", pass_configs=pass_configs)
+
+
+def tilelang_function(compiled):
+    """The TVM-FFI function of a TileLang build (`tilelang_build`'s JITKernel): its exported kernel entry."""
+    return compiled.adapter.get_exportable_executable()[compiled.adapter.prim_func.attrs["global_symbol"]]

@@ -65,12 +65,6 @@ def _biased(codes, dtype: tl.constexpr):
 
 
 @triton.jit
-def _as_float(codes):
-    """The codes as exact float32 from the bits of 2^23 + code (cheaper than an integer-to-float conversion)."""
-    return (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
 def dequant_matmul_kernel(
     A, QW, S, Z, M, N, K, group_size, stride_a, stride_qw, stride_s, stride_z,
     OUT,
@@ -117,12 +111,6 @@ def dequant_matmul_kernel(
                 part = dot(a, _biased(_codes(packed), A.dtype.element_ty), IEEE)
             a_sum = tl.sum(a.to(tl.float32), axis=1)
             acc += (part - a_sum[:, None] * (z + MAGIC)[None, :]) * s[None, :]
-        elif BY_NIBBLE:  # as below, a product per nibble (ONE_GROUP)
-            for j in tl.static_range(8):
-                a_j = tl.load(a_rows + (k0 + 8 * words + j)[None, :], mask=row_ok[:, None] & w_ok[None, :],
-                              other=0.0)  # fmt: skip
-                w = (_as_float((packed >> (4 * j)) & 0xF) - z[None, :]) * s[None, :]
-                acc += dot(a_j, w.to(A.dtype.element_ty), IEEE)
         else:  # W = (code - z) s in fp32, rounded to a's dtype (the codes' I2F: the bit trick spilled here on sm_80)
             codes = _codes(packed).to(tl.float32)
             if ONE_GROUP:
@@ -295,7 +283,7 @@ def forward(m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: b
             constexprs = dict(BLOCK_N=b.block_n, BLOCK_K=b.block_k, SPLIT_K=b.split_k, HAS_ZEROS=has_zeros)
             launches = (Launch(dequant_gemv_kernel, grid, reads, (products,), constexprs, b.warps, b.stages),)
         else:
-            by_nibble = b.by_nibble and one_group and b.block_k >= 128  # products of K = BLOCK_K / 8 >= 16
+            by_nibble = b.by_nibble and post_scale and b.block_k >= 128  # products of K = BLOCK_K / 8 >= 16
             constexprs |= dict(ONE_GROUP=one_group, POST_SCALE=post_scale, BY_NIBBLE=by_nibble,
                                MAGIC=magic(dtype) if post_scale else 0.0, IEEE=ieee)  # fmt: skip
             launches = (Launch(dequant_matmul_kernel, grid, reads, (products,), constexprs, b.warps, b.stages),)

@@ -62,7 +62,7 @@ Triton backward until flash_attention.TILELANG_BACKWARD_CHECKED is set after its
 
 import functools
 
-from .backends import tilelang_build, tilelang_lower, tilelang_target
+from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
 
 LOG2E = 1.4426950408889634
 DTYPES = ("float16", "bfloat16")
@@ -503,4 +503,4 @@ def build(kernel: str, dtype: str, _dtype: str, target: dict):
 def function(kernel: str, dtype: str, _dtype: str, arch: int):
     """The compiled kernel's TVM-FFI function: kernel(q, k, v, out, lse, scale, softcap, left, right)."""
     compiled = build(kernel, dtype, dtype, target(arch))
-    return compiled.adapter.get_exportable_executable()[compiled.adapter.prim_func.attrs["global_symbol"]]
+    return tilelang_function(compiled)

@@ -220,6 +220,17 @@ def options(q_nope, q_pe, softmax_scale, backend: str = "triton", block_table=No
     return default_scale(q_nope.shape[-1], q_pe.shape[-1]) if softmax_scale is None else float(softmax_scale)
 
 
+def _combine(buffers: dict, batch: int, heads: int, latent_dim: int, splits: int, block_d: int) -> Launch:
+    """The split kernels' (B, H, S, Dc) / (B, H, S) fp32 partials, added to `buffers`, and the launch of
+    decode_attention's combine that merges them into out and lse (both backends)."""
+    buffers |= {"partial_o": BufferSpec((batch, heads, splits, latent_dim), "float32"),
+                "partial_lse": BufferSpec((batch, heads, splits), "float32")}  # fmt: skip
+    reads = ("partial_o", "partial_lse", heads, latent_dim, splits)
+    constexprs = dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_d, HAS_LSE=True)
+    combine = Launch(decode_combine_kernel, (batch, heads), reads, ("out", "lse"), constexprs, num_warps=4)
+    return in_units(combine, "head_dim", units=UNITS)
+
+
 PROGRAM_BLOCKS, COMBINE_BLOCKS = 2, 4  # tilelang_split_count's model (guesses until measured)
 
 
@@ -272,12 +283,7 @@ def compiled_forward(
     attrs = {"scale": default_scale(latent_dim, rope_dim) if scale is None else float(scale)}
     steps = (Call(f"tile_kernels_{backend}_{kernel}_{dtype}_sm{arch}", load, tuple(inputs), writes, attrs),)
     if splits > 1:
-        buffers |= {"partial_o": BufferSpec((batch, heads, splits, latent_dim), "float32"),
-                    "partial_lse": BufferSpec((batch, heads, splits), "float32")}  # fmt: skip
-        combine = Launch(decode_combine_kernel, (batch, heads), ("partial_o", "partial_lse", heads, latent_dim,
-                         splits), ("out", "lse"), dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=latent_dim, HAS_LSE=True),
-                         num_warps=4)  # fmt: skip
-        steps += (in_units(combine, "head_dim", units=UNITS),)
+        steps += (_combine(buffers, batch, heads, latent_dim, splits, latent_dim),)
     return Plan(inputs, buffers, steps, ("out", "lse"))
 
 
@@ -317,12 +323,7 @@ def forward(
     split = Launch(mla_split_kernel, (batch, cdiv(heads, block_h), splits), reads, writes, constexprs, warps, stages)
     launches = (in_units(split, *UNIT_ARGS, units=UNITS),)
     if splits > 1:
-        buffers |= {"partial_o": BufferSpec((batch, heads, splits, latent_dim), "float32"),
-                    "partial_lse": BufferSpec((batch, heads, splits), "float32")}  # fmt: skip
-        combine = Launch(decode_combine_kernel, (batch, heads), ("partial_o", "partial_lse", heads, latent_dim,
-                         splits), ("out", "lse"), dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_c, HAS_LSE=True),
-                         num_warps=4)  # fmt: skip
-        launches += (in_units(combine, "head_dim", units=UNITS),)
+        launches += (_combine(buffers, batch, heads, latent_dim, splits, block_c),)
     return Plan(inputs, buffers, launches, ("out", "lse"))
 
 

@@ -42,7 +42,7 @@ the default until then.
 
 import functools
 
-from .backends import tilelang_build, tilelang_lower, tilelang_target
+from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -260,4 +260,4 @@ def function(kernel: str, dtype: str, _dtype: str, arch: int):
     """The compiled kernel's TVM-FFI function: kernel(q_nope, q_pe, kv_c, k_pe, cache_seqlens[, block_table], out,
     lse, scale) (or partial_o, partial_lse in place of out, lse)."""
     compiled = build(kernel, dtype, dtype, target(arch))
-    return compiled.adapter.get_exportable_executable()[compiled.adapter.prim_func.attrs["global_symbol"]]
+    return tilelang_function(compiled)

@@ -15,7 +15,7 @@ Weight is (WB, n) with WB = 1 (shared) or batch (one per problem, a JAX vmap), r
 
 import functools
 
-from .backends import tilelang_build, tilelang_lower, tilelang_target
+from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
 
 THREADS = 256
 CHUNK = THREADS * 8  # elements of a row per step: 8 per thread
@@ -180,4 +180,4 @@ COLUMN_SUM_KERNEL = "rms_norm_colsum"  # the backward's second launch
 def function(kernel: str, x_dtype: str, w_dtype: str, arch: int):
     """The compiled kernel's TVM-FFI function: kernel(*buffers in parameter order, *scalars)."""
     compiled = build(kernel, x_dtype, w_dtype, target(arch))
-    return compiled.adapter.get_exportable_executable()[compiled.adapter.prim_func.attrs["global_symbol"]]
+    return tilelang_function(compiled)
