@@ -434,9 +434,7 @@ def test_flash_attention_tilelang_backward_plan_matches_the_triton_backward():
     assert len(fa_tl.backward_variants(["float16", "bfloat16", "float32"])) == 2 * 12
     assert fa_core.compiled_backward_unsupported("triton", "float32", 256) is None
     assert "head dims up to 128, got 200" in fa_tl.backward_unsupported("bfloat16", 200)
-    # autograd takes the TileLang backward only once it is checked on a GPU
-    gate = fa_core.compiled_backward_unsupported("tilelang", "bfloat16", 128)
-    assert (gate is None) if fa_core.TILELANG_BACKWARD_CHECKED else "not yet checked on a GPU" in gate
+    assert fa_core.compiled_backward_unsupported("tilelang", "bfloat16", 128) is None  # autograd takes it
     with pytest.raises(ValueError, match="flash_attention: backend 'tilelang' backward supports head dims up to 128, "
                        "got 256; its forward runs with the Triton backward"):  # fmt: skip
         fa_core.compiled_backward("tilelang", 1, 8, 8, 1, 1, 256, dtype="bfloat16", causal=False, window=(-1, -1),
@@ -478,8 +476,7 @@ def test_torch_flash_attention_tilelang_backward_matches_reference(
     dtype, batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, causal, window, softcap
 ):  # fmt: skip
     """The TileLang backward's dq, dk, dv (the _bwd_compiled op) against the float64 reference (the suite's tolerance
-    rule) and beside the Triton backward's from the same (out, lse); autograd runs it once TILELANG_BACKWARD_CHECKED
-    (the Triton backward before)."""
+    rule), beside the Triton backward's from the same (out, lse), and as autograd runs it."""
     import torch
 
     import tile_kernels.torch as tk
@@ -510,7 +507,7 @@ def test_torch_flash_attention_tilelang_backward_matches_reference(
         assert_close(f"d{name}", grad.double().cpu().numpy(), ref_grads[name], dtype)
     for name, a, b, c in zip("qkv", grads, direct, triton):
         # dQ's atomics sum in any order: autograd and a direct call agree to rounding
-        torch.testing.assert_close(a, b if fa_core.TILELANG_BACKWARD_CHECKED else c, rtol=1e-2, atol=1e-2,
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2,
                                    msg=f"d{name}: autograd vs the backward it runs")  # fmt: skip
         torch.testing.assert_close(b.float(), c.float(), rtol=5e-2, atol=5e-2, msg=f"d{name}: vs Triton")
 
@@ -573,12 +570,9 @@ def test_jax_flash_attention_tilelang_jit_vmap_grad():
     def loss(q, k, v, b):
         return jnp.sum(f(q, k, v, b).astype(jnp.float32) ** 2)
 
-    # the TileLang backward: delta, dK / dV (+ dQ summed in place), dQ: three FFI calls beside the forward's (once
-    # checked on a GPU; the Triton backward until then)
-    from tile_kernels.core import flash_attention as fa_core
-
+    # the TileLang backward: delta, dK / dV (+ dQ summed in place), dQ: three FFI calls beside the forward's
     jaxpr = str(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)), static_argnums=3)(q[0], k[0], v[0], "tilelang"))
-    assert jaxpr.count("ffi_call[") == (4 if fa_core.TILELANG_BACKWARD_CHECKED else 1)
+    assert jaxpr.count("ffi_call[") == 4
     got = jax.jit(jax.grad(loss, (0, 1, 2)), static_argnums=3)(q[0], k[0], v[0], "tilelang")
     for a, b in zip(got, jax.grad(loss, (0, 1, 2))(q[0], k[0], v[0], "triton")):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=5e-2, atol=5e-2)

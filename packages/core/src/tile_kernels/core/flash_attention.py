@@ -28,9 +28,7 @@ enumerates all of them for the AOT matrix (the set an autotuner on the device ma
 Backends (backends.py): "triton" (the kernels here) and "tilelang", TileLang kernels (flash_attention_tilelang.py,
 float16 / bfloat16) run as Plans of Calls: the forward by `compiled_forward` (the same (out, lse) as the Triton
 forward) and, on sm_90a for head dims up to 128, the backward by `compiled_backward` (dQ accumulated with fp32
-atomics); elsewhere backend="tilelang" runs the Triton backward (`compiled_backward_unsupported` says so). Autograd
-takes the TileLang backward only once TILELANG_BACKWARD_CHECKED (its GPU checks passed); until then it runs when
-called directly (the tilelang `_bwd_compiled` op, the tests and benchmarks/sweep_flash_attention_tilelang_bwd.py).
+atomics); elsewhere backend="tilelang" runs the Triton backward (`compiled_backward_unsupported` says so).
 """
 
 from __future__ import annotations
@@ -814,19 +812,12 @@ def compiled_forward(
     return Plan({"q": dtype, "k": dtype, "v": dtype}, buffers, calls, ("out", "lse"))
 
 
-# Whether autograd runs the TileLang backward: written 2026-12-03 and checked on the CPU (plans, sm_90a lowering, an
-# nvcc build) but not yet on a GPU; set once tests/test_backends.py's TileLang backward test passes on one.
-TILELANG_BACKWARD_CHECKED = False
-
-
 def compiled_backward_unsupported(backend: str, dtype: str, head_dim: int, arch: int = 90) -> str | None:
     """Why autograd does not run `backend`'s backward for these inputs on compute capability `arch` (its forward
     runs: the Triton backward then runs, reading the same (out, lse)), or None. Triton's own backward: always None.
     (The TileLang module is imported directly, as in check_backend: torch.compile may trace this.)"""
     if backend != "tilelang":
         return None
-    if not TILELANG_BACKWARD_CHECKED:
-        return "backward is not yet checked on a GPU (flash_attention.TILELANG_BACKWARD_CHECKED)"
     return flash_attention_tilelang.backward_unsupported(dtype, head_dim, arch)
 
 

@@ -56,8 +56,6 @@ Backward design limits: as the forward's, plus head dims up to 128 (dK and dV of
 registers a thread at head dim 128; the 256 bucket would need 256), and dQ summed by fp32 atomics (not
 bit-deterministic run to run). Configurations (BLOCK_M, BLOCK_N, stages, threads): BWD_CONFIGS, the first per
 bucket the default, the others selected by a "_c<i>" suffix of the kernel name (the benchmark's sweep).
-Backward status (2026-12-03): lowered and built for sm_90a on a CPU machine, not yet run on a GPU: autograd keeps the
-Triton backward until flash_attention.TILELANG_BACKWARD_CHECKED is set after its GPU tests pass.
 """
 
 import functools

@@ -99,7 +99,7 @@ def flash_attention(
     """Attention of q (B, Sq, Hq, D) over k, v (B, Sk, Hk, D), Hq % Hk == 0; causal aligned bottom-right; window
     (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
     with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D). backend: "triton", "tilelang" (its forward; float16 /
-    bfloat16; its backward too, once checked on a GPU), or None for the default of the device
+    bfloat16; its backward too on sm_90a for head dims up to 128), or None for the default of the device
     (tile_kernels.core.backends)."""
     core.check(q, k, v, causal, window, softmax_scale, softcap)
     backend = backends.resolve(core.NAME, backend, platform(core.NAME), needs=("jax_tvm_ffi",))
