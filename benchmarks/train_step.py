@@ -33,7 +33,10 @@ SHAPES = {
     "llama-8b-4layers": (4096, 14336, 4, 32, 8, 128256, 2, 4096),  # Llama-3-8B's layers, four of them
     "tiny": (64, 96, 2, 4, 2, 160, 2, 32),
 }
-VARIANTS = ("stock", "tile-kernels", "tile-kernels+sdpa", "liger")  # liger last: it patches the modeling module
+# tile-kernels: flash_attention's default backend (TileLang on sm_90 at head dim 128); +triton-attn: its Triton
+# kernels; +sdpa: transformers' SDPA attention. liger last: it patches the modeling module.
+VARIANTS = ("stock", "tile-kernels", "tile-kernels+triton-attn", "tile-kernels+sdpa", "liger")
+ATTENTION = {"tile-kernels": True, "tile-kernels+triton-attn": "triton", "tile-kernels+sdpa": False}
 
 
 def build(shape: str, variant: str, device: str, dtype):
@@ -52,7 +55,7 @@ def build(shape: str, variant: str, device: str, dtype):
     if variant.startswith("tile-kernels"):
         import tile_kernels.torch as tk
 
-        tk.apply_to(model, attention=variant == "tile-kernels")  # "tile-kernels+sdpa": SDPA attention
+        tk.apply_to(model, attention=ATTENTION[variant])
     elif variant == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
@@ -179,8 +182,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "A randomly initialised transformers Llama in bfloat16 (use_cache=False): forward with labels (loss), "
         "backward, zero_grad (no optimizer step). Wall time per step over back-to-back steps after 3 warm-up steps. "
         "stock = transformers with SDPA attention; tile-kernels = `tile_kernels.torch.apply_to(model)` (RMSNorm, "
-        "SwiGLU, rotary, attention, fused linear cross-entropy); tile-kernels+sdpa = the same with `attention=False` "
-        "(transformers' SDPA); "
+        "SwiGLU, rotary, attention, fused linear cross-entropy; flash_attention's default backend: TileLang on sm_90 "
+        "at head dim 128, Triton elsewhere); tile-kernels+triton-attn = the same with `attention=\"triton\"`; "
+        "tile-kernels+sdpa = the same with `attention=False` (transformers' SDPA); "
         "liger = `apply_liger_kernel_to_llama(model=model)` (RMSNorm, SwiGLU, rotary, fused linear cross-entropy; "
         "SDPA attention).",
         "",
@@ -242,7 +246,7 @@ def main(argv=None) -> int:
     dtype = torch.float32 if args.tiny else torch.bfloat16
     variants = args.variant or list(VARIANTS)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
-    meta = run_meta("train_step.py", gpu, ("torch", "triton", "transformers", "liger-kernel"))
+    meta = run_meta("train_step.py", gpu, ("torch", "triton", "tilelang", "transformers", "liger-kernel"))
     rows = []
     for shape in shapes:
         for mode in args.mode or ["eager"]:

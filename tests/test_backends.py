@@ -267,16 +267,26 @@ def test_jax_jit_vmap_grad_with_a_compiled_backend(backend):
 # ---------------------------------------------------------------------- flash_attention's TileLang forward
 
 
-def test_flash_attention_has_a_tilelang_forward_and_defaults_to_triton():
+def test_flash_attention_defaults_to_tilelang_on_sm90_at_head_dim_128_where_it_can_run():
+    from tile_kernels.core import flash_attention as fa_core
+
     assert backends.backends_of("flash_attention") == ("triton", "tilelang")
+    assert fa_core.preferred_backend(90, "bfloat16", 128) == fa_core.preferred_backend(90, "float16", 128) == "tilelang"
+    others = [(90, "float32", 128), (90, "bfloat16", 64), (90, "bfloat16", 256), (80, "float16", 128)]
+    for arch, dtype, head_dim in others + [(0, "float16", 128)]:  # arch 0: not a CUDA device
+        assert fa_core.preferred_backend(arch, dtype, head_dim) == "triton", (arch, dtype, head_dim)
     for platform in backends.PLATFORMS:
         assert backends.resolve("flash_attention", None, platform) == "triton"
+        expected = "tilelang" if backends.unavailable("tilelang", platform) is None else "triton"  # else falls back
+        assert backends.resolve("flash_attention", None, platform, preferred="tilelang") == expected
+    assert backends.resolve("flash_attention", None, "cpu", preferred="cuda") == "triton"  # not one of its backends
 
 
-def test_the_bench_times_flash_attentions_tilelang_forward_beside_the_default():
+def test_the_bench_times_each_flash_attention_backend_beside_the_default():
     from tile_kernels.core.bench import other_backends
 
-    assert list(other_backends("flash_attention", lambda **kwargs: None, "cuda")) == ["tile-kernels[tilelang]"]
+    rows = list(other_backends("flash_attention", lambda **kwargs: None, "cuda"))
+    assert rows == ["tile-kernels[triton]", "tile-kernels[tilelang]"]
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU error path")

@@ -168,6 +168,18 @@ def _poison_past_lengths(kwargs: dict) -> dict:
     return out
 
 
+def test_default_backend_is_tilelang_where_its_kernel_runs():
+    from tile_kernels.core import backends
+
+    assert mla.preferred_backend(90, "bfloat16", 512, 64) == mla.preferred_backend(90, "float16", 512, 64, 128)
+    assert mla.preferred_backend(90, "bfloat16", 512, 64, 64) == "tilelang"
+    others = [(90, "float32", 512, 64, None), (90, "bfloat16", 256, 64, None), (90, "bfloat16", 512, 64, 16),
+              (80, "bfloat16", 512, 64, None), (0, "bfloat16", 512, 64, None)]  # fmt: skip
+    for args in others:
+        assert mla.preferred_backend(*args) == "triton", args
+    assert backends.resolve(mla.NAME, None, "cpu", preferred="tilelang") == "triton"  # no interpreter: falls back
+
+
 def test_tilelang_backend_refuses_what_it_cannot_run():
     """Clear errors (ValueError naming the backend and the feature) for float32, other dims, pages that are not a
     multiple of 64 and GPUs other than Hopper; its plans: one Call when S = 1, the Triton combine after it when

@@ -72,7 +72,7 @@ def _tiny_config(model_type: str):
     )  # fmt: skip
 
 
-def _models(model_type: str):
+def _models(model_type: str, attention=True):
     torch, device, dtype = _setup()
     import transformers
 
@@ -83,19 +83,24 @@ def _models(model_type: str):
     for p in stock.parameters():  # norm weights away from 1, so that a dropped weight shows
         if p.dim() == 1:
             torch.nn.init.uniform_(p, 0.5, 1.5)
-    patched = tk.apply_to(copy.deepcopy(stock))
+    patched = tk.apply_to(copy.deepcopy(stock), attention=attention)
     return torch, stock, patched, device
 
 
+# attention=True: flash_attention's default backend; "tilelang" (padded head dim 16 -> 64 kernels) on a GPU only
 @needs_transformers
-@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
-def test_patched_model_matches_the_stock_model(model_type):
-    torch, stock, patched, device = _models(model_type)
+@pytest.mark.parametrize(
+    "model_type, attention",
+    [("llama", True), ("qwen3", True),
+     pytest.param("llama", "tilelang", marks=pytest.mark.skipif(DEVICE != "gpu", reason="TileLang runs on GPUs"))],
+)  # fmt: skip
+def test_patched_model_matches_the_stock_model(model_type, attention):
+    torch, stock, patched, device = _models(model_type, attention)
     import tile_kernels.torch as tk
 
     layer = patched.model.layers[0]
     assert type(layer.input_layernorm) is tk.nn.RMSNorm and type(layer.mlp) is tk.nn.SwiGLUMLP
-    assert patched.config._attn_implementation == "tile_kernels"
+    assert patched.config._attn_implementation == ("tile_kernels" if attention is True else f"tile_kernels_{attention}")
     fp32 = stock.dtype == torch.float32
     tol = 2e-4 if fp32 else 3e-2
 
@@ -148,6 +153,11 @@ def test_apply_to_names_what_it_cannot_patch():
 
     with pytest.raises(ValueError, match="apply_to: model must be a transformers model of type llama"):
         tk.apply_to(torch.nn.Linear(2, 2))
+    import transformers
+
+    stock = transformers.AutoModelForCausalLM.from_config(_tiny_config("llama"))
+    with pytest.raises(ValueError, match="apply_to: attention must be True, False or one of .*got 'cudnn'"):
+        tk.apply_to(stock, attention="cudnn")
 
 
 def _assert_gradients_match(patched, stock, fp32):

@@ -30,11 +30,11 @@ PLATFORMS = ("cpu", "cuda", "rocm")  # cpu = Triton's interpreter
 # platform without one runs "triton". rms_norm on CUDA: Triton, measured fastest on the H200 (2026-11-29, bf16,
 # 16384x4096, 1024x65536, 256x262144; benchmarks/results/h200/results.md): forward 3315-4092 GB/s against TileLang's
 # 889-3371 and CUDA C++'s 1744-1758, backward 2303-2775 against 465-893 and 1027-1263. Re-measure (and change this
-# entry) when those kernels improve. flash_attention has no entry, so Triton: the TileLang forward measured faster
-# where it ran (the H200 at head dim 128, bf16, S 8192: 535 against 488 TFLOP/s, causal 490 against 455; a training
-# step 36.6 against 37.7 ms, its backward being Triton's), but it has run on no other architecture or head dim, and
-# it is built by nvcc on first use; a default per architecture and head dim needs those measurements first.
+# entry) when those kernels improve. An op whose fastest backend depends on its inputs (INPUT_AWARE) names it per call
+# instead (`resolve`'s `preferred`: flash_attention.preferred_backend, mla_decode.preferred_backend; the torch
+# adapters ask for it, JAX's take the platform default).
 DEFAULTS: dict[tuple[str, str], str] = {("rms_norm", "cuda"): "triton"}
+INPUT_AWARE = ("flash_attention", "mla_decode")
 
 # op -> {backend: module that builds its Plans of Calls, imported on first use; None: the op's own Triton plans}
 _IMPLEMENTATIONS: dict[str, dict[str, str | None]] = {}
@@ -125,14 +125,18 @@ def default(op: str, platform: str) -> str:
     return DEFAULTS.get((op, platform), "triton")
 
 
-def resolve(op: str, backend: str | None, platform: str, needs: tuple[str, ...] = ()) -> str:
+def resolve(
+    op: str, backend: str | None, platform: str, needs: tuple[str, ...] = (), preferred: str | None = None
+) -> str:
     """The backend that runs `op` on `platform` ('cpu', 'cuda' or 'rocm') when the caller asks for `backend`
-    (None: the default); `needs` names modules the caller's framework adds for the compiled backends. Raises
-    ValueError naming the op, the backend and why it cannot run."""
+    (None: `preferred`, the op's measured fastest for the call's inputs, where it can run here, else the platform's
+    default); `needs` names modules the caller's framework adds for the compiled backends. Raises ValueError naming
+    the op, the backend and why it cannot run."""
     if platform not in PLATFORMS:
         raise ValueError(f"{op}: platform must be one of {PLATFORMS}, got {platform!r}")
     if backend is None:
-        backend = default(op, platform)
+        usable = preferred in backends_of(op) and unavailable(preferred, platform, needs) is None
+        backend = preferred if usable else default(op, platform)
     elif not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"{op}: backend must be one of {', '.join(map(repr, BACKENDS))} or None, got {backend!r}")
     if backend not in backends_of(op):

@@ -143,11 +143,12 @@ class Meta:
 
 
 def other_backends(op: str, fn, platform: str) -> dict:
-    """{"tile-kernels[<backend>]": fn with backend=<backend>} for the op's backends other than the default (which
-    runs as plain "tile-kernels"): an unavailable one fails when called and is reported with the reason."""
+    """{"tile-kernels[<backend>]": fn with backend=<backend>} beside plain "tile-kernels" (backend=None) for an op of
+    several backends: each one other than the platform's default, and the default too where the op prefers another
+    for some inputs (flash_attention). An unavailable one fails when called and is reported with the reason."""
     if fn is None or len(backends.backends_of(op)) < 2:
         return {}
-    default = backends.default(op, platform)
+    default = "" if op in backends.INPUT_AWARE else backends.default(op, platform)
     return {f"tile-kernels[{b}]": functools.partial(fn, backend=b) for b in backends.backends_of(op) if b != default}
 
 

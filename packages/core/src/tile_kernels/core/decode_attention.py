@@ -99,11 +99,12 @@ def decode_split_kernel(
     stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale,
     PARTIAL_O, PARTIAL_LSE, OUT,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr, IEEE: tl.constexpr,
-    UNIT: tl.constexpr,
+    SPLIT: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (B, Hk * cdiv(T * Hq / Hk, BLOCK_G), S). stride_kb / stride_vb: of the batch (contiguous) or of a page
-    (PAGED). PARTIAL_O (B, T, Hq, S, D) and PARTIAL_LSE (B, T, Hq, S) fp32, compact; with S = 1 the output OUT
-    (B, T, Hq, D) in q's dtype instead (no combine; the absent buffers are not touched)."""
+    (PAGED). SPLIT (S > 1): PARTIAL_O (B, T, Hq, S, D) and PARTIAL_LSE (B, T, Hq, S) fp32, compact; else the output
+    OUT (B, T, Hq, D) in q's dtype (no combine). The absent buffers are never stored to, in the compiled code either:
+    torch.compile counts a pointer the kernel's IR stores to as written, so one may stand in for another."""
     scale = tl.cast(scale, tl.float32)  # torch.compile passes floats as fp64
     head_dim, stride_qb, stride_qt, stride_qh = head_dim * UNIT, stride_qb * UNIT, stride_qt * UNIT, stride_qh * UNIT
     stride_kb, stride_ks, stride_kh = stride_kb * UNIT, stride_ks * UNIT, stride_kh * UNIT
@@ -145,7 +146,7 @@ def decode_split_kernel(
     out, lse = finish(acc, m_i, l_i)
     mask = row_ok[:, None] & dmask[None, :]
     out_row = (b * tokens + t) * heads_q + h
-    if splits == 1:
+    if not SPLIT:
         tl.store(OUT + out_row[:, None] * head_dim + d[None, :], out.to(OUT.dtype.element_ty), mask=mask)
     else:
         row = out_row * splits + split
@@ -313,7 +314,7 @@ def forward(
         (batch, heads_k * cdiv(rows, block_g), splits),
         reads,
         writes,
-        dict(BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, PAGED=paged, IEEE=ieee),
+        dict(BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, PAGED=paged, IEEE=ieee, SPLIT=splits > 1),
         warps,
         stages,
     )
@@ -448,7 +449,8 @@ def bad_inputs(kwargs) -> list[BadInput]:
 
 def plans(target: Target):
     """Every dtype at head dims 40 (padded, units of 8), 64, 128 and 256, contiguous and paged, for groups of up to
-    16 query heads; groups of 32 and 64 (MQA-like) at head dim 128. The split count is a runtime value."""
+    16 query heads; groups of 32 and 64 (MQA-like) at head dim 128; the unsplit kernel (one split) at head dim 128.
+    The split count of a split kernel is a runtime value."""
     for dtype in FLOAT_DTYPES:
         for head_dim in (40, 64, 128, 256):
             for page_size in (None, 16):
@@ -456,6 +458,7 @@ def plans(target: Target):
         for group in (32, 64):
             yield forward(2, group, 1, 128, 256, dtype=dtype, scale=None, target=target)
         yield forward(2, 8, 2, 128, 256, dtype=dtype, scale=None, target=target, page_size=16, tokens=4)
+        yield forward(2, 8, 2, 128, 256, dtype=dtype, scale=None, target=target, num_splits=1)
 
 
 INFO = register(

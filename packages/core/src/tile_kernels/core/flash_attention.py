@@ -52,8 +52,8 @@ LOG2E = 1.4426950408889634
 # the int arguments the kernels build addresses from, passed in units of 16 elements where they all divide (_aligned)
 UNIT_ARGS = ("head_dim", "stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
              "stride_vs", "stride_vh")  # fmt: skip
-# The default is "triton" (backends.DEFAULTS says why); backend="tilelang" runs the TileLang forward and backward (the
-# Triton backward above head dim 128).
+# backend="tilelang" runs the TileLang forward and backward (the Triton backward above head dim 128); backend=None:
+# preferred_backend.
 backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.flash_attention_tilelang"})
 
 
@@ -780,6 +780,16 @@ def check_backend(backend: str, dtype: str, head_dim: int) -> None:
     why = flash_attention_tilelang.unsupported(dtype, head_dim) if backend == "tilelang" else None
     if why:
         raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
+
+
+def preferred_backend(arch: int, dtype: str, head_dim: int) -> str:
+    """backend=None's choice for inputs of `dtype` and `head_dim` on compute capability `arch` (0: not a CUDA device):
+    the fastest measured. "tilelang" on sm_90 for float16 / bfloat16 at head dim 128, where its forward and backward
+    both beat Triton's (H200, 2026-12-03, bf16 4 x 8192 x 32 heads, TFLOP/s: forward + backward 458 against 396,
+    causal 422 against 374; benchmarks/results/h200/notes.md); "triton" elsewhere: at head dim 64 TileLang is no
+    faster (forward + backward 367 against 363, forward 385 against 415), other head dims and architectures are not
+    measured. resolve falls back to "triton" where TileLang cannot build."""
+    return "tilelang" if arch == 90 and dtype in flash_attention_tilelang.DTYPES and head_dim == 128 else "triton"
 
 
 def options(q, causal, window, softmax_scale, softcap, backend: str) -> tuple[bool, tuple[int, int], float, float]:

@@ -19,7 +19,7 @@ Kernels (flash-decoding as tile_kernels.core.decode_attention, whose combine ker
 Dc up to 512 and Dr up to 64, each padded to a power of two >= 16 with masks. Design limit of this Triton path:
 the (BLOCK_H, Dc) fp32 accumulator and a (BLOCK_N, Dc) tile live in registers (no warp specialization, no split of
 Dc across warp groups), 64 heads a tile at Dc 512 on warp-32 GPUs; it is the portable path.
-Backends (backends.py): "triton" (the kernels here, the default) and "tilelang", a Hopper split kernel
+Backends (backends.py): "triton" (the kernels here) and "tilelang", a Hopper split kernel
 (mla_decode_tilelang.py: Dc 512 / Dr 64, float16 / bfloat16, sm_90a, pages a multiple of its position block) run
 by `compiled_forward` as a Plan of a TileLang Call and, with S > 1, this module's combine Launch; same out and lse."""
 
@@ -65,8 +65,7 @@ from .plan import (
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
 NAME = "mla_decode"
-# The default is "triton" (no measurement of the TileLang kernel yet, see backends.DEFAULTS); backend="tilelang" runs
-# mla_decode_tilelang's split kernel (and the Triton combine).
+# backend="tilelang" runs mla_decode_tilelang's split kernel (and the Triton combine); backend=None: preferred_backend.
 backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.mla_decode_tilelang"})
 MAX_LATENT_DIM = 512
 MAX_ROPE_DIM = 64
@@ -82,11 +81,11 @@ def mla_split_kernel(
     stride_qnb, stride_qnh, stride_qpb, stride_qph, stride_kvb, stride_kvs, stride_kpb, stride_kps, scale,
     PARTIAL_O, PARTIAL_LSE, OUT, LSE,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, PAGED: tl.constexpr,
-    IEEE: tl.constexpr, UNIT: tl.constexpr,
+    IEEE: tl.constexpr, SPLIT: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (B, cdiv(H, BLOCK_H), S). stride_kvb / stride_kpb: of the batch (contiguous) or of a page (PAGED).
-    PARTIAL_O (B, H, S, Dc) and PARTIAL_LSE (B, H, S) fp32 (base-2 lse); with S = 1 OUT (B, H, Dc) in q's dtype and
-    LSE (B, H) fp32 (natural log) instead."""
+    SPLIT (S > 1): PARTIAL_O (B, H, S, Dc) and PARTIAL_LSE (B, H, S) fp32 (base-2 lse); else OUT (B, H, Dc) in q's
+    dtype and LSE (B, H) fp32 (natural log). The absent pair is never stored to (decode_split_kernel says why)."""
     scale = tl.cast(scale, tl.float32) * 1.4426950408889634  # base 2; torch.compile passes floats as fp64
     latent_dim, rope_dim = latent_dim * UNIT, rope_dim * UNIT  # plan.in_units: UNIT_ARGS
     stride_qnb, stride_qnh = stride_qnb * UNIT, stride_qnh * UNIT
@@ -125,7 +124,7 @@ def mla_split_kernel(
     out, lse = finish(acc, m_i, l_i)
     row = b * heads + h
     mask = h_ok[:, None] & c_ok[None, :]
-    if splits == 1:
+    if not SPLIT:
         tl.store(OUT + row[:, None] * latent_dim + c[None, :], out.to(OUT.dtype.element_ty), mask=mask)
         tl.store(LSE + row, lse * 0.6931471805599453, mask=h_ok)
     else:
@@ -210,6 +209,17 @@ def check_backend(backend: str, dtype: str, latent_dim: int, rope_dim: int, page
         why = mla_decode_tilelang.unsupported_page_size(page_size)
     if why:
         raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
+
+
+def preferred_backend(arch: int, dtype: str, latent_dim: int, rope_dim: int, page_size: int | None = None) -> str:
+    """backend=None's choice on compute capability `arch` (0: not a CUDA device): "tilelang" wherever its kernel runs
+    (sm_90, float16 / bfloat16, Dc 512, Dr 64, pages a multiple of its position block), about 2x the Triton path
+    there (H200, 2026-12-03, 128 heads bf16, TFLOP/s: B 64 x 4K 409 against 203, B 1 x 32K 242 against 114;
+    benchmarks/results/h200/notes.md); "triton" elsewhere. resolve falls back to "triton" where TileLang cannot
+    build."""
+    if arch != 90 or mla_decode_tilelang.unsupported(dtype, latent_dim, rope_dim, arch):
+        return "triton"
+    return "triton" if page_size is not None and mla_decode_tilelang.unsupported_page_size(page_size) else "tilelang"
 
 
 def options(q_nope, q_pe, softmax_scale, backend: str = "triton", block_table=None, kv_c=None) -> float:
@@ -319,7 +329,8 @@ def forward(
              rope_dim, seqlen_k, page_size if paged else seqlen_k, stride_bt, *sqn, *sqp, *skv, *skp,
              default_scale(latent_dim, rope_dim) if scale is None else float(scale))  # fmt: skip
     writes = (None, None, "out", "lse") if splits == 1 else ("partial_o", "partial_lse", None, None)
-    constexprs = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_R=block_r, PAGED=paged, IEEE=ieee)
+    constexprs = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_R=block_r, PAGED=paged, IEEE=ieee,
+                      SPLIT=splits > 1)  # fmt: skip
     split = Launch(mla_split_kernel, (batch, cdiv(heads, block_h), splits), reads, writes, constexprs, warps, stages)
     launches = (in_units(split, *UNIT_ARGS, units=UNITS),)
     if splits > 1:
@@ -423,12 +434,14 @@ def bad_inputs(kwargs) -> list[BadInput]:
 
 def plans(target: Target):
     """Every dtype at DeepSeek's dims (Dc 512, Dr 64) with 16 and 128 heads, contiguous and paged (page 64), and at
-    a small padded shape (Dc 48, Dr 8); the split count is a runtime value."""
+    a small padded shape (Dc 48, Dr 8); the unsplit kernel (one split) at DeepSeek's dims, 128 heads. The split count
+    of a split kernel is a runtime value."""
     for dtype in FLOAT_DTYPES:
         for heads in (16, 128):
             for page_size in (None, 64):
                 yield forward(2, heads, 512, 64, 4096, dtype=dtype, scale=None, target=target, page_size=page_size)
         yield forward(2, 3, 48, 8, 256, dtype=dtype, scale=None, target=target, page_size=16)
+        yield forward(2, 128, 512, 64, 4096, dtype=dtype, scale=None, target=target, num_splits=1)
 
 
 INFO = register(

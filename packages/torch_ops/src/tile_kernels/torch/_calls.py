@@ -42,17 +42,18 @@ def run_calls(plan: Plan, *inputs: torch.Tensor, device: torch.device) -> tuple[
 
 
 @functools.lru_cache(maxsize=256)
-def _resolve_eager(op: str, backend: str | None, platform_name: str) -> str:
-    return backends.resolve(op, backend, platform_name)
+def _resolve_eager(op: str, backend: str | None, platform_name: str, preferred: str | None) -> str:
+    return backends.resolve(op, backend, platform_name, preferred=preferred)
 
 
 # resolved while tracing too: torch.compile takes the result as a constant
 _resolve_traced = torch.compiler.assume_constant_result(backends.resolve)
 
 
-def resolve_backend(op: str, backend: str | None, device: torch.device) -> str:
-    """backends.resolve for a call on `device`, cached outside torch.compile (toolchains do not come and go within a
-    process)."""
+def resolve_backend(op: str, backend: str | None, device: torch.device, preferred: str | None = None) -> str:
+    """backends.resolve for a call on `device` (`preferred`: the op's choice for the call's inputs), cached outside
+    torch.compile (toolchains do not come and go within a process)."""
     cacheable = backend is None or type(backend) is str
-    resolve = _resolve_eager if cacheable and not torch.compiler.is_compiling() else _resolve_traced
-    return resolve(op, backend, platform(device))
+    if cacheable and not torch.compiler.is_compiling():
+        return _resolve_eager(op, backend, platform(device), preferred)
+    return _resolve_traced(op, backend, platform(device), (), preferred)

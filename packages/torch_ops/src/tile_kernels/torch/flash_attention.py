@@ -132,11 +132,14 @@ def flash_attention(
     """Attention of q (B, Sq, Hq, D) over k, v (B, Sk, Hk, D), Hq % Hk == 0; causal aligned bottom-right; window
     (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
     with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D). backend: "triton", "tilelang" (its forward; float16 /
-    bfloat16; its backward too on sm_90a for head dims up to 128), or None for the default of the device
-    (tile_kernels.core.backends)."""
+    bfloat16; its backward too on sm_90a for head dims up to 128), or None for the fastest measured for these inputs
+    on the device (core.preferred_backend)."""
     _, device = validated(core.NAME, core.check, ("q", "k", "v", None, None, None, None), q, k, v, causal, window,
                           softmax_scale, softcap)  # fmt: skip
-    backend = resolve_backend(core.NAME, backend, device)
+    preferred = None
+    if backend is None and device.type == "cuda":
+        preferred = core.preferred_backend(cuda_arch(device), dtype_name(q.dtype), q.shape[-1])
+    backend = resolve_backend(core.NAME, backend, device, preferred)
     causal, (left, right), scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)
     return flash_attention_fwd(q, k, v, causal, left, right, scale, softcap, backend)[0]
 

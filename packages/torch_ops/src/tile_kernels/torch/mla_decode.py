@@ -84,11 +84,17 @@ def mla_decode(
     1 / sqrt(Dc + Dr)), out = softmax(scores) @ kv_c, (B, H, Dc) in q's dtype; with return_lse also the
     log-sum-exp of the scores (B, H) float32, natural log (-inf for an empty sequence, whose output is 0).
     backend: "triton", "tilelang" (Hopper; Dc 512, Dr 64, float16 / bfloat16, pages a multiple of 64) or None for
-    the default of the device (tile_kernels.core.backends). Not differentiable."""
+    the fastest measured for these inputs on the device (core.preferred_backend: TileLang where it runs). Not
+    differentiable."""
     _, device = validated(core.NAME, core.check, ("q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens", "block_table",
                           None, None), q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table, softmax_scale,
                           return_lse)  # fmt: skip
-    backend = resolve_backend(core.NAME, backend, device)
+    preferred = None
+    if backend is None and device.type == "cuda":
+        page_size = kv_c.shape[1] if block_table is not None else None
+        dims = dtype_name(q_nope.dtype), q_nope.shape[-1], q_pe.shape[-1], page_size
+        preferred = core.preferred_backend(cuda_arch(device), *dims)
+    backend = resolve_backend(core.NAME, backend, device, preferred)
     scale = core.options(q_nope, q_pe, softmax_scale, backend, block_table, kv_c)
     out, lse = mla_decode_fwd(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table, scale, backend)
     return (out, lse) if return_lse else out

@@ -8,7 +8,9 @@ What each switch swaps (every one independent):
              whose globals name ours: this model only, not the modeling module nor other models of its class)
 - attention: config._attn_implementation = "tile_kernels", registered with transformers' attention-function and
              attention-mask registries (flash_attention; causal, sliding windows, GQA; padded batches and packed
-             sequences through flash_attention_varlen, as transformers' flash-attention path takes them)
+             sequences through flash_attention_varlen, as transformers' flash-attention path takes them);
+             attention="triton" / "tilelang" picks flash_attention's backend ("tile_kernels_triton", ...), True its
+             default
 - loss:      the causal-LM forward computes its loss with fused_linear_cross_entropy (the (N, V) logits never
              exist; float32 loss, mean over non-ignored tokens or sum / num_items_in_batch as transformers does); logits
              are returned only when no labels are given
@@ -16,6 +18,7 @@ What each switch swaps (every one independent):
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 
@@ -28,7 +31,8 @@ from .nn import RMSNorm, SwiGLUMLP
 from .rotary import apply_rotary
 
 FAMILY = ("llama", "mistral", "qwen2", "qwen3")
-ATTENTION = "tile_kernels"
+ATTENTION = "tile_kernels"  # + f"_{backend}" for a backend chosen by apply_to(attention=backend)
+ATTENTION_BACKENDS = ("triton", "tilelang")
 IGNORE_INDEX = -100
 
 
@@ -41,6 +45,8 @@ def apply_to(model, rms_norm=True, swiglu=True, rotary=True, attention=True, los
     if model_type not in FAMILY:
         expected = ", ".join(FAMILY)
         raise ValueError(f"apply_to: model must be a transformers model of type {expected}, got {model_type!r}")
+    if not (isinstance(attention, bool) or attention in ATTENTION_BACKENDS):
+        raise ValueError(f"apply_to: attention must be True, False or one of {ATTENTION_BACKENDS}, got {attention!r}")
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if rms_norm and _is_rms_norm(child):
@@ -57,10 +63,11 @@ def apply_to(model, rms_norm=True, swiglu=True, rotary=True, attention=True, los
                 module.forward = types.MethodType(ours, module)
     if attention:
         register_attention()
-        model.config._attn_implementation = ATTENTION
+        name = ATTENTION if attention is True else f"{ATTENTION}_{attention}"
+        model.config._attn_implementation = name
         for sub in model.modules():  # sub-configs (text_config) some models keep
             if hasattr(sub, "config") and sub.config is not model.config:
-                sub.config._attn_implementation = ATTENTION
+                sub.config._attn_implementation = name
     if loss:
         if getattr(getattr(model, "lm_head", None), "bias", None) is not None:
             raise ValueError("apply_to: loss=True needs an lm_head without bias")
@@ -103,12 +110,12 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
                       softcap=None, position_ids=None, cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None,
-                      max_length_k=None, **kwargs):  # fmt: skip
+                      max_length_k=None, backend=None, **kwargs):  # fmt: skip
     """transformers' attention-function interface: query (B, Hq, S, D), key / value (B, Hk, Sk, D); returns
     ((B, S, Hq, D), None). As transformers' flash-attention path: a padding mask (B, Sk) (true at tokens) unpads the
     batch into packed sequences (padding rows give 0); a batch of one packed sequence comes with cu_seq_lens_* and
     max_length_* or with position_ids that restart at each sequence; flash_attention_varlen runs those,
-    flash_attention the rest."""
+    flash_attention the rest (`backend`: flash_attention's; flash_attention_varlen has Triton's only)."""
     if dropout:
         raise ValueError(f"tile_kernels attention: dropout must be 0, got {dropout}")
     window = (sliding_window - 1, -1) if sliding_window else (-1, -1)
@@ -124,7 +131,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32)
         out = flash_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, int(max_length_q), int(max_length_k), **options)
         return out[None], None
-    return flash_attention(q, k, v, **options), None
+    return flash_attention(q, k, v, **options, backend=backend), None
 
 
 _LAST_RESTARTS: list = [None, (None, None)]  # position_ids and _restarts' answer: one forward's layers share them
@@ -181,14 +188,16 @@ def _unpadded(q, k, v, mask, options):
 
 
 def register_attention() -> None:
-    """Registers "tile_kernels" with transformers' attention-function registry (so that
-    `attn_implementation="tile_kernels"` selects it) and its mask registry (flash-attention's: no mask unless
-    padded)."""
+    """Registers "tile_kernels" (flash_attention's default backend) and "tile_kernels_<backend>" with transformers'
+    attention-function registry (so that `attn_implementation="tile_kernels"` selects it) and its mask registry
+    (flash-attention's: no mask unless padded)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-    AttentionInterface.register(ATTENTION, attention_forward)
-    AttentionMaskInterface.register(ATTENTION, flash_attention_mask)
+    for backend in (None, *ATTENTION_BACKENDS):
+        name = ATTENTION if backend is None else f"{ATTENTION}_{backend}"
+        AttentionInterface.register(name, functools.partial(attention_forward, backend=backend))
+        AttentionMaskInterface.register(name, flash_attention_mask)
 
 
 def causal_lm_forward(self, input_ids=None, labels=None, logits_to_keep=0, num_items_in_batch=None,
