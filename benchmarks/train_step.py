@@ -183,7 +183,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "backward, zero_grad (no optimizer step). Wall time per step over back-to-back steps after 3 warm-up steps. "
         "stock = transformers with SDPA attention; tile-kernels = `tile_kernels.torch.apply_to(model)` (RMSNorm, "
         "SwiGLU, rotary, attention, fused linear cross-entropy; flash_attention's default backend: TileLang on sm_90 "
-        "at head dim 128, Triton elsewhere); tile-kernels+triton-attn = the same with `attention=\"triton\"`; "
+        'at head dim 128, Triton elsewhere); tile-kernels+triton-attn = the same with `attention="triton"`; '
         "tile-kernels+sdpa = the same with `attention=False` (transformers' SDPA); "
         "liger = `apply_liger_kernel_to_llama(model=model)` (RMSNorm, SwiGLU, rotary, fused linear cross-entropy; "
         "SDPA attention).",

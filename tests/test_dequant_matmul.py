@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE
+from conftest import DEVICE, OPCHECK_UTILS
 from drivers import DRIVERS
 
 from tile_kernels.core import dequant_matmul as dm
@@ -91,9 +91,7 @@ def test_torch_opcheck():
     import tile_kernels.torch  # noqa: F401  (registers the ops)
 
     dev = "cuda" if DEVICE == "gpu" else "cpu"
-    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
-    if DEVICE == "gpu":
-        utils += ("test_aot_dispatch_dynamic",)
+    utils = OPCHECK_UTILS
     kwargs = dm.sample(np.random.default_rng(3), (5, 48), "float16", zeros=True, group_size=32)
     a, qweight, scales, zeros = (torch.from_numpy(kwargs[k]).to(dev) for k in ("a", "qweight", "scales", "zeros"))
     ops = torch.ops.tile_kernels

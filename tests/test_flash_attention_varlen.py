@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE
+from conftest import DEVICE, OPCHECK_UTILS
 from drivers import DRIVERS
 from test_ops import assert_close
 
@@ -116,9 +116,7 @@ def test_torch_opcheck():
     import tile_kernels.torch  # noqa: F401  (registers the ops)
 
     dev = "cuda" if DEVICE == "gpu" else "cpu"
-    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
-    if DEVICE == "gpu":
-        utils += ("test_aot_dispatch_dynamic",)
+    utils = OPCHECK_UTILS
     q = torch.randn(40, 4, 32, device=dev, requires_grad=True)
     k = torch.randn(45, 2, 32, device=dev, requires_grad=True)
     v = torch.randn(45, 2, 32, device=dev, requires_grad=True)

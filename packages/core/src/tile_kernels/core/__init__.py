@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     flash_attention_varlen,
     fused_linear_cross_entropy,
     layer_norm,
+    matmul,
     mla_decode,
     rms_norm,
     rotary,

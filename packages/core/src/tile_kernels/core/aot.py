@@ -112,7 +112,8 @@ def configs(
     the TileLang ones. With `per_kernel`, at most that many of each op's kernel, spread evenly over its list (the
     first and the last among them): every kernel's code compiled for the target in minutes, not hours."""
     seen: dict = {}
-    plan_target = Target(warp_size=target.warp_size, num_sms=target.num_sms)
+    cuda_arch = target.arch if target.backend == "cuda" else 0
+    plan_target = Target(warp_size=target.warp_size, num_sms=target.num_sms, cuda_arch=cuda_arch)
     for op in sorted(ops or REGISTRY):
         for plan in REGISTRY[op].plans(plan_target):
             for launch in plan.launches:

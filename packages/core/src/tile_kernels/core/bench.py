@@ -39,6 +39,7 @@ OPTIONS = {
     "decode_attention": {"paged": False, "gqa": 4, "page_size": 64},
     "mla_decode": {"paged": True, "page_size": 64},
     "dequant_matmul": {"zeros": False, "group_size": 128},
+    "matmul": {"bias": False, "activation": None, "residual": False},
 }
 # Variants of OPTIONS benchmarked as separate cases, named by a tag after the shape.
 VARIANTS = {
@@ -69,6 +70,10 @@ def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
         scale = min(1.0, elements / ELEMENTS)  # a smaller --elements shrinks K and N alike
         k, n = (max(256, round(d * scale) // 128 * 128) for d in (8192, 28672))
         return [(m, k, n) for m in dict.fromkeys((1, 16, max(16, round(4096 * scale))))]
+    if op == "matmul":  # (M, K, N): 8192^3; Llama-3-8B's MLP up and down projections over 4096 tokens; 16 rows
+        scale = min(1.0, elements / ELEMENTS)  # a smaller --elements shrinks every dim alike
+        sizes = ((8192, 8192, 8192), (4096, 4096, 14336), (4096, 14336, 4096), (16, 4096, 14336))
+        return [tuple(max(256, round(d * scale) // 128 * 128) if d > 16 else d for d in s) for s in sizes]
     if op in ("decode_attention", "mla_decode"):  # (B, capacity, heads, head dim), every sequence full
         scale = min(1.0, elements / ELEMENTS)  # a smaller --elements shrinks the batches and contexts alike
         sizes = dict.fromkeys((max(1, round(b * scale)), max(256, round(s * scale))) for b, s in DECODE_SIZES)

@@ -25,7 +25,6 @@ Design limits: K a multiple of 8 (whole int32 words) and of group_size.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +35,7 @@ from . import checks
 from .flash_attention import dot
 from .host import interpreting
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv
-from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
+from .registry import BadInput, Cost, OpInfo, gemm_dims, not_arrays, register, round_to
 from .rows import sum_partials
 
 NAME = "dequant_matmul"
@@ -337,16 +336,10 @@ def cost(kwargs) -> tuple[Cost, Cost]:
 
 
 def sample(rng: np.random.Generator, shape, dtype: str, zeros=False, group_size=128) -> dict:
-    """A benchmark's shape (M, K, N) as it is (K >= 256); else M = the product of the leading dims (1 without), N =
-    the last dim (up to 512; wider ones folded to 256 .. 512), K = group_size x 1 .. 3. Random codes, scales of
-    either sign around 0.02 (outputs of order 1), zeros among the 16 codes."""
-    shape = tuple(shape)
-    if len(shape) == 3 and shape[1] >= 256:
-        m, k, n = shape
-    else:
-        m, n = math.prod(shape[:-1]), shape[-1]
-        n = n if n <= 512 else 256 + n % 257
-        k = group_size * int(rng.integers(1, 4))
+    """(M, K, N) as registry.gemm_dims gives them, K = group_size x 1 .. 3 where it gives none. Random codes, scales
+    of either sign around 0.02 (outputs of order 1), zeros among the 16 codes."""
+    m, k, n = gemm_dims(shape)
+    k = group_size * int(rng.integers(1, 4)) if k is None else k
     groups = (k // group_size, n)
     kwargs = {
         "a": round_to(rng.standard_normal((m, k)), dtype),

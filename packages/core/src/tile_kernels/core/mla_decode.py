@@ -141,7 +141,8 @@ def config(latent_dim: int, rope_dim: int, heads: int, dtype: str, target: Targe
     """(BLOCK_H, BLOCK_N, BLOCK_C, BLOCK_R, num_warps, num_stages) of the split kernel: the heads of a tile bounded
     so that the (BLOCK_H, Dc) accumulator and a (BLOCK_N, Dc) latent tile fit the registers. 16-bit on warp-32
     GPUs: 64 heads x 64 positions, 8 warps, 2 stages, the best of benchmarks/sweep_mla_decode.py on an H200 at Dc
-    512 and 32 x 8K (2.1-2.4x the 32 x 32 tiles there, 1.2-1.7x at 1 x 32K: 64 query rows are one wgmma's M)."""
+    512 and 32 x 8K (2.1-2.4x the 32 x 32 tiles there, 1.2-1.7x at 1 x 32K: 64 query rows are one wgmma's M). On
+    sm_100 Triton's tcgen05 path holds that tile's operands in shared memory (2 stages: 345 KiB of 227): 1 stage."""
     block_c, block_r = max(16, next_power_of_2(latent_dim)), max(16, next_power_of_2(rope_dim))
     wide = block_c >= 256
     fp32 = dtype == "float32"
@@ -149,7 +150,8 @@ def config(latent_dim: int, rope_dim: int, heads: int, dtype: str, target: Targe
     block_h = min(16 if fp32 or wave64 and wide else 64, max(16, next_power_of_2(heads)))
     block_n = 16 if fp32 or wide and wave64 else 64
     warps = 4 if wave64 else 8 if wide or fp32 else 4
-    return block_h, block_n, block_c, block_r, warps, 1 if wave64 else 2
+    one_stage = wave64 or (block_h == 64 and wide and target.cuda_arch >= 100)
+    return block_h, block_n, block_c, block_r, warps, 1 if one_stage else 2
 
 
 def split_count(batch: int, heads: int, seqlen_k: int, latent_dim: int, rope_dim: int, dtype: str,

@@ -36,10 +36,12 @@ def dtype_name(dtype: Any) -> str:
 
 @dataclass(frozen=True)
 class Target:
-    """What a plan needs to know about the device: warp (wavefront) width and multiprocessor count."""
+    """What a plan needs to know about the device: warp (wavefront) width, multiprocessor count and, on NVIDIA GPUs,
+    the compute capability as major * 10 + minor (0 elsewhere: AMD, the interpreter)."""
 
     warp_size: int = 32
     num_sms: int = 4
+    cuda_arch: int = 0
 
 
 @dataclass(frozen=True)

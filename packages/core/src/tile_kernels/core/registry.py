@@ -6,6 +6,7 @@ inputs with `sample`, runs them through every framework adapter and compares aga
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,17 @@ class BadInput:
     changes: Mapping[str, Any]
     error: type
     match: str
+
+
+def gemm_dims(shape) -> tuple[int, int | None, int]:
+    """(M, K, N) of a GEMM op's sample: a benchmark's shape (M, K, N) as it is (K >= 256); else M = the product of the
+    leading dims (1 without), K None (the op draws it), N = the last dim (up to 512; wider ones folded to 256 ..
+    512)."""
+    shape = tuple(shape)
+    if len(shape) == 3 and shape[1] >= 256:
+        return shape
+    n = shape[-1]
+    return math.prod(shape[:-1]), None, n if n <= 512 else 256 + n % 257
 
 
 def not_arrays(op: str, *names: str) -> list[BadInput]:

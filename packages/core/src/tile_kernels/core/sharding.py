@@ -241,6 +241,12 @@ def _dequant_matmul_fwd(zeros: bool = False) -> Kernel:
     return Kernel(args, {"out": "m n"}, ("m", "n"))
 
 
+def _matmul_fwd(bias: bool = False, residual: bool = False) -> Kernel:
+    """Rows of a (and of the residual and the output) and columns of b (and of the bias); K stays whole."""
+    args = _present({"a": "m k", "b": "k n", "bias": "n", "residual": "m n"}, bias=bias, residual=residual)
+    return Kernel(args, {"out": "m n"}, ("m", "n"))
+
+
 KERNELS: dict[str, Callable[..., Kernel]] = {
     "rms_norm_fwd": _rms_norm_fwd,
     "rms_norm_bwd": _rms_norm_bwd,
@@ -265,6 +271,7 @@ KERNELS: dict[str, Callable[..., Kernel]] = {
     "flash_attention_varlen_bwd": _flash_attention_varlen_bwd,
     "decode_attention_fwd": _decode_attention_fwd,
     "dequant_matmul_fwd": _dequant_matmul_fwd,
+    "matmul_fwd": _matmul_fwd,
     "mla_decode_fwd": _mla_decode_fwd,
 }
 
@@ -313,6 +320,7 @@ RULES: dict[str, Callable[[Mapping[str, Any]], Split]] = {
     ),
     "decode_attention": _decode_attention,
     "dequant_matmul": lambda kwargs: _public(_dequant_matmul_fwd(_given(kwargs, "zeros")), "out"),
+    "matmul": lambda kwargs: _public(_matmul_fwd(_given(kwargs, "bias"), _given(kwargs, "residual")), "out"),
     "mla_decode": _mla_decode,
     "cross_entropy": lambda kwargs: _public(_cross_entropy_fwd(kwargs.get("reduction", "mean")), "loss"),
     "fused_linear_cross_entropy": lambda kwargs: _public(

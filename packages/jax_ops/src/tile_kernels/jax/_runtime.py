@@ -69,7 +69,8 @@ def target(kind: str) -> Target:
         return Target()
     device = jax.devices()[0]
     rocm = "rocm" in getattr(device.client, "platform_version", "").lower()
-    return Target(warp_size=64 if rocm else 32, num_sms=getattr(device, "core_count", 132))
+    cuda_arch = 0 if rocm else int("".join(str(getattr(device, "compute_capability", "9.0")).split(".")[:2]))
+    return Target(warp_size=64 if rocm else 32, num_sms=getattr(device, "core_count", 132), cuda_arch=cuda_arch)
 
 
 def _dtype(name: str):

@@ -8,6 +8,7 @@ jitted forward + VJP."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import time
@@ -135,6 +136,21 @@ def dequant_matmul(a, qweight, scales, group_size=128, zeros=None):
     return jnp.matmul(a, w.astype(a.dtype), preferred_element_type=jnp.float32).astype(a.dtype)
 
 
+_ACTIVATIONS = {
+    None: lambda y: y,
+    "silu": jax.nn.silu,
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+}
+
+
+def matmul(a, b, bias=None, activation=None, residual=None):
+    """XLA's dot (fp32 accumulation), the epilogue in fp32, rounded once."""
+    y = jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    y = _ACTIVATIONS[activation](y if bias is None else y + bias.astype(jnp.float32))
+    return (y if residual is None else y + residual.astype(jnp.float32)).astype(a.dtype)
+
+
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
     """The cache gathered (through the block table when paged) and masked past each length, heads expanded for GQA,
     softmax in float32 (a sequence of length 0 gives 0)."""
@@ -167,7 +183,7 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 
 REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                      fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
-                                     decode_attention, dequant_matmul, mla_decode)}  # fmt: skip
+                                     decode_attention, dequant_matmul, matmul, mla_decode)}  # fmt: skip
 
 
 def _pallas(op: str):

@@ -105,6 +105,7 @@ _OPTIONS = {
         **_heads("q", "k_cache")(args), q_ndim=len(args["q"].shape), paged=args["block_table"] is not None
     ),
     "dequant_matmul_fwd": _given("zeros"),
+    "matmul_fwd": _given("bias", "residual"),
     "mla_decode_fwd": lambda args: dict(paged=args["block_table"] is not None),
 }
 

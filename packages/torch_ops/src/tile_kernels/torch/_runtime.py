@@ -147,7 +147,8 @@ def _signature(check, args) -> tuple | None:
 def _cuda_target(index: int) -> Target:
     props = torch.cuda.get_device_properties(index)
     warp = getattr(props, "warp_size", 64 if torch.version.hip else 32)
-    return Target(warp_size=warp, num_sms=props.multi_processor_count)
+    cuda_arch = 0 if torch.version.hip else props.major * 10 + props.minor
+    return Target(warp_size=warp, num_sms=props.multi_processor_count, cuda_arch=cuda_arch)
 
 
 _CPU_TARGET = Target()  # the interpreter's

@@ -135,6 +135,15 @@ def dequant_matmul(a, qweight, scales, group_size=128, zeros=None):
     return a @ dequant_weight(qweight, scales, group_size, zeros)
 
 
+_ACTIVATIONS = {None: lambda y: y, "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
+
+
+def matmul(a, b, bias=None, activation=None, residual=None):
+    """cuBLAS (a @ b, + bias through addmm), then torch's activation and the residual add."""
+    y = _ACTIVATIONS[activation](a @ b if bias is None else torch.addmm(bias, a, b))
+    return y if residual is None else y + residual
+
+
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
     """The cache gathered (through the block table when paged) and masked past each length, heads expanded for GQA,
     softmax in float32 (a sequence of length 0 gives 0)."""
@@ -165,7 +174,7 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 
 EAGER = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                   fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
-                                  decode_attention, dequant_matmul, mla_decode)}  # fmt: skip
+                                  decode_attention, dequant_matmul, matmul, mla_decode)}  # fmt: skip
 
 
 # Peers left out of torch.compile: Inductor's code for the padded varlen peer raised a device-side assert at the

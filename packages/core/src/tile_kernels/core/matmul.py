@@ -1,0 +1,278 @@
+"""GEMM with a fused epilogue: matmul(a, b, bias=None, activation=None, residual=None) = act(a @ b + bias) + residual.
+
+a (M, K) and b (K, N) in float16 / bfloat16 (or float32); bias (N,) and residual (M, N) in a's dtype. Products
+accumulate in fp32, the epilogue runs on the fp32 accumulator and the result is rounded once to a's dtype.
+activation: None, "silu", "gelu" (erf, torch's default) or "gelu_tanh" (tanh approximation). Not differentiable.
+
+matmul_kernel: one (BLOCK_M, BLOCK_N) output tile a program, K streamed in BLOCK_K steps (Triton pipelines the loads
+over num_stages), the tiles visited in groups of GROUP_M tile rows (a group's programs share b's column blocks in L2).
+Either operand may be row-major (unit stride along its last dim) or column-major (unit stride along its first: b =
+W.T of a torch Linear weight W (N, K) is read in place), the layout a constexpr (A_COL / B_COL) and the other stride,
+the leading dimension, a runtime int. K and the leading dimensions pass in 16-element units where they allow
+(plan.in_units): the loads vectorize and the K mask is constant over 16 elements, which Triton's pipeliner needs to
+stage the loads asynchronously (cp.async), under any launcher. Out-of-range rows and columns are read at wrapped
+indices and never stored: only the K tail is masked. Design limits: no split of K (a decode-sized M with few output
+tiles runs few programs), no persistent scheduler, no TMA descriptors, no TileLang sm_90a kernel yet.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import triton
+import triton.language as tl
+
+from . import checks
+from .host import interpreting
+from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
+from .registry import BadInput, Cost, OpInfo, gemm_dims, not_arrays, register, round_to
+
+NAME = "matmul"
+DTYPES = ("float32", "float16", "bfloat16")
+ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh")
+GROUP_M = 8
+UNIT_ARGS = ("K", "lda", "ldb", "ldr", "ldo")
+
+
+@triton.jit
+def _activation(y, ACTIVATION: tl.constexpr):
+    """y in fp32 through the activation: silu y sigmoid(y); gelu y Phi(y) = y (1 + erf(y / sqrt 2)) / 2; gelu_tanh
+    y (1 + tanh(u)) / 2 = y sigmoid(2 u) with u = sqrt(2 / pi) (y + 0.044715 y^3)."""
+    if ACTIVATION == "silu":
+        y = y * tl.sigmoid(y)
+    elif ACTIVATION == "gelu":
+        y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
+    elif ACTIVATION == "gelu_tanh":
+        y = y * tl.sigmoid(1.5957691216057308 * (y + 0.044715 * y * y * y))
+    return y
+
+
+@triton.jit
+def matmul_kernel(
+    A, B, BIAS, RES, M, N, K, lda, ldb, ldr, ldo,
+    OUT,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, A_COL: tl.constexpr,
+    B_COL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACTIVATION: tl.constexpr,
+    IEEE: tl.constexpr, UNIT: tl.constexpr,
+):  # fmt: skip
+    """Grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),). a[m, k] at A + m lda + k (A + k lda + m if A_COL), b[k, n] at
+    B + k ldb + n (B + n ldb + k if B_COL), residual[m, n] at RES + m ldr + n, OUT[m, n] at OUT + m ldo + n."""
+    K, lda, ldb, ldr, ldo = K * UNIT, lda * UNIT, ldb * UNIT, ldr * UNIT, ldo * UNIT  # plan.in_units: UNIT_ARGS
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(tl.cdiv(M, BLOCK_M) - first_m, GROUP_M)
+    tile_m = first_m + (pid % per_group) % group_rows
+    tile_n = (pid % per_group) // group_rows
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_in, cols_in = (rows % M).to(tl.int64), (cols % N).to(tl.int64)  # wrapped: loads need no row / column mask
+    kk = tl.arange(0, BLOCK_K)
+    if A_COL:
+        a_ptrs = A + rows_in[:, None] + kk[None, :] * lda
+        a_step = BLOCK_K * lda
+    else:
+        a_ptrs = A + rows_in[:, None] * lda + kk[None, :]
+        a_step = BLOCK_K
+    if B_COL:
+        b_ptrs = B + kk[:, None] + cols_in[None, :] * ldb
+        b_step = BLOCK_K
+    else:
+        b_ptrs = B + kk[:, None] * ldb + cols_in[None, :]
+        b_step = BLOCK_K * ldb
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = k0 + kk < K
+        a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        if IEEE:  # float32 operands at full precision, no TF32
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += a_step
+        b_ptrs += b_step
+    if HAS_BIAS:
+        acc += tl.load(BIAS + cols_in).to(tl.float32)[None, :]
+    acc = _activation(acc, ACTIVATION)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    if HAS_RESIDUAL:
+        acc += tl.load(RES + rows_in[:, None] * ldr + cols_in[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(OUT + rows_in[:, None] * ldo + cols_in[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# validation, plans
+
+
+def check(a, b, bias=None, activation=None, residual=None) -> None:
+    dtype = checks.check_float(NAME, "a", a)
+    if len(a.shape) != 2:
+        raise ValueError(f"{NAME}: a must be 2-D (M, K), got shape {tuple(a.shape)}")
+    checks.check_same_dtype(NAME, "b", b, dtype, "that of a")
+    if len(b.shape) != 2 or b.shape[0] != a.shape[1]:
+        raise ValueError(f"{NAME}: b must be 2-D (K, N) with K = {a.shape[1]} (a's columns), got shape "
+                         f"{tuple(b.shape)}")  # fmt: skip
+    m, n = a.shape[0], b.shape[1]
+    if bias is not None:
+        checks.check_same_dtype(NAME, "bias", bias, dtype, "that of a")
+        checks.check_shape(NAME, "bias", bias, (n,), "(N,)")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{NAME}: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if residual is not None:
+        checks.check_same_dtype(NAME, "residual", residual, dtype, "that of a")
+        checks.check_shape(NAME, "residual", residual, (m, n), "(M, N)")
+
+
+@dataclass(frozen=True)
+class Blocks:
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+def blocks(m: int, n: int, k: int, dtype: str, target: Target) -> Blocks:
+    """16-bit on warp-32 GPUs: 128 x 128 x 64 tiles, 8 warps, 4 stages (96-128 KiB of shared memory) at prefill
+    sizes: the largest tile that compiles without spills on sm_80 / sm_90 / sm_100 (128 x 256 spills 300-600 bytes a
+    thread, 1.5-2 KB with an epilogue; `tile-kernels aot --op matmul --report`); 64 x 128 x 64 at M <= 64 and
+    16 x 64 x 128 at M <= 16 (more programs over the weights). float32 (IEEE products, no TF32): 32 x 32 x 32.
+    Wavefront-64 (AMD, 64 KiB of LDS): 128 x 128 x 64, one stage. Tiles no wider than N and K round up to. Not yet
+    swept on a GPU."""
+    if dtype == "float32":
+        b = Blocks(32, 32, 32, 4, 1 if target.warp_size == 64 else 2)
+    elif target.warp_size == 64:
+        b = Blocks(128, 128, 64, 4, 1)
+    elif m <= 16:
+        b = Blocks(16, 64, 128, 4, 4)
+    elif m <= 64:
+        b = Blocks(64, 128, 64, 4, 4)
+    else:
+        b = Blocks(128, 128, 64, 8, 4)
+    return Blocks(b.block_m, min(b.block_n, max(16, next_power_of_2(n))), min(b.block_k, max(16, next_power_of_2(k))),
+                  b.warps, b.stages)  # fmt: skip
+
+
+def forward(m: int, n: int, k: int, *, dtype: str, target: Target, activation: str | None = None,
+            has_bias: bool = False, has_residual: bool = False, a_col: bool = False, b_col: bool = False,
+            lda: int | None = None, ldb: int | None = None, ldr: int | None = None) -> Plan:  # fmt: skip
+    """Inputs a (M, K) and b (K, N), each row-major (unit stride along its last dim) or column-major (a_col / b_col:
+    unit stride along its first) at leading dimension lda / ldb (None: compact); bias (N,) compact; residual (M, N)
+    row-major at row stride ldr. Output out (M, N) compact in dtype (act(bias) + residual when K = 0)."""
+    inputs = {"a": dtype, "b": dtype}
+    inputs |= ({"bias": dtype} if has_bias else {}) | ({"residual": dtype} if has_residual else {})
+    buffers = {"out": BufferSpec((m, n), dtype, zeroed=not (m and n))}  # empty: nothing to launch
+    if not (m and n):
+        return Plan(inputs, buffers, (), ("out",))
+    b = blocks(m, n, k, dtype, target)
+    lda = (m if a_col else k) if lda is None else lda
+    ldb = (k if b_col else n) if ldb is None else ldb
+    ldr = (n if ldr is None else ldr) if has_residual else 0
+    ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())  # see flash_attention._shared
+    reads = ("a", "b", "bias" if has_bias else None, "residual" if has_residual else None, m, n, k, lda, ldb, ldr, n)
+    constexprs = dict(BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_K=b.block_k, GROUP_M=GROUP_M, A_COL=a_col,
+                      B_COL=b_col, HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual, ACTIVATION=activation,
+                      IEEE=ieee)  # fmt: skip
+    grid = (cdiv(m, b.block_m) * cdiv(n, b.block_n),)
+    launch = Launch(matmul_kernel, grid, reads, ("out",), constexprs, b.warps, b.stages)
+    return Plan(inputs, buffers, (in_units(launch, *UNIT_ARGS, units=(16, 8)),), ("out",))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# reference, cost, samples
+
+
+def _activation_ref(y: np.ndarray, activation: str | None) -> np.ndarray:
+    if activation == "silu":
+        return y / (1.0 + np.exp(-y))
+    if activation == "gelu":
+        return 0.5 * y * (1.0 + np.vectorize(math.erf, otypes=[np.float64])(y / math.sqrt(2.0)))
+    if activation == "gelu_tanh":
+        return 0.5 * y * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3)))
+    return y
+
+
+def reference(a, b, bias=None, activation=None, residual=None):
+    y = a.astype(np.float64) @ b.astype(np.float64)
+    if bias is not None:
+        y = y + bias.astype(np.float64)
+    y = _activation_ref(y, activation)
+    return (y if residual is None else y + residual.astype(np.float64),)
+
+
+def reference_vjp(kwargs, cotangents):
+    return {}
+
+
+def cost(kwargs) -> tuple[Cost, Cost]:
+    """bytes: a, b, bias, residual, the output; flops 2 M N K."""
+    a, b = kwargs["a"], kwargs["b"]
+    (m, k), n, item = a.shape, b.shape[1], ITEMSIZE[str(a.dtype)]
+    extra = sum(kwargs[x].size for x in ("bias", "residual") if kwargs.get(x) is not None)
+    return Cost((a.size + b.size + extra + m * n) * item, 2 * m * n * k), Cost(0, 0)
+
+
+def sample(rng: np.random.Generator, shape, dtype: str, bias=False, activation=None, residual=False) -> dict:
+    """(M, K, N) as registry.gemm_dims gives them, K in 0 .. 300 where it gives none. Normal a, b scaled by
+    1 / sqrt(K) (outputs of order 1)."""
+    m, k, n = gemm_dims(shape)
+    if k is None:
+        k = int(rng.choice([0, 1, int(rng.integers(2, 300))], p=[0.05, 0.05, 0.9]))
+    return {
+        "a": round_to(rng.standard_normal((m, k)), dtype),
+        "b": round_to(rng.standard_normal((k, n)) / math.sqrt(max(k, 1)), dtype),
+        "bias": round_to(rng.standard_normal(n), dtype) if bias else None,
+        "activation": activation,
+        "residual": round_to(rng.standard_normal((m, n)), dtype) if residual else None,
+    }
+
+
+def bad_inputs(kwargs) -> list[BadInput]:
+    a, b = kwargs["a"], kwargs["b"]
+    other = np.float16 if a.dtype != np.float16 else np.float32
+    return [
+        BadInput({"a": a[None]}, ValueError, f"{NAME}: a must be 2-D"),
+        BadInput({"a": a.astype(np.int32)}, TypeError, f"{NAME}: a must have dtype"),
+        BadInput({"b": b.astype(other)}, TypeError, f"{NAME}: b must have dtype"),
+        BadInput({"b": np.zeros((a.shape[1] + 1, b.shape[1]), a.dtype)}, ValueError, f"{NAME}: b must be 2-D"),
+        BadInput({"bias": np.zeros(b.shape[1] + 1, a.dtype)}, ValueError, f"{NAME}: bias must have shape"),
+        BadInput({"bias": np.zeros(b.shape[1], other)}, TypeError, f"{NAME}: bias must have dtype"),
+        BadInput(
+            {"residual": np.zeros((a.shape[0] + 1, b.shape[1]), a.dtype)},
+            ValueError,
+            f"{NAME}: residual must have shape",
+        ),  # fmt: skip
+        BadInput({"activation": "relu"}, ValueError, f"{NAME}: activation must be one of"),
+        *not_arrays(NAME, "a", "b"),
+    ]
+
+
+def plans(target: Target):
+    """Each dtype at decode (M 1, 16), mid (64) and prefill (4096) sizes, every operand layout at the prefill size,
+    and every epilogue (bias, activation, residual) at one size."""
+    for dtype in DTYPES:
+        for m in (1, 16, 64, 4096):
+            yield forward(m, 4096, 4096, dtype=dtype, target=target, b_col=True)
+        for a_col in (False, True):
+            yield forward(4096, 4096, 4096, dtype=dtype, target=target, a_col=a_col)
+        for activation in ACTIVATIONS[1:]:
+            yield forward(4096, 4096, 4096, dtype=dtype, target=target, activation=activation, has_bias=True,
+                          has_residual=True, b_col=True)  # fmt: skip
+
+
+INFO = register(
+    OpInfo(
+        name=NAME,
+        sample=sample,
+        options={"bias": (False, True), "activation": ACTIVATIONS, "residual": (False, True)},
+        reference=reference,
+        reference_vjp=reference_vjp,
+        grad_args=(),
+        cost=cost,
+        bad_inputs=bad_inputs,
+        plans=plans,
+    )
+)

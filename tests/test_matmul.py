@@ -1,0 +1,145 @@
+"""matmul beyond the registry-driven suite: every operand layout read in place (a Linear weight's .t() is not copied),
+the launch configuration per size, the 16-element units that let the loads pipeline, the adapters' guarantees (JAX
+jit / vmap, torch opcheck and torch.compile) and the benchmark peers on every epilogue."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import DEVICE, OPCHECK_UTILS
+from drivers import DRIVERS
+from test_ops import assert_close
+
+from tile_kernels.core import matmul as mm
+from tile_kernels.core.plan import Target
+
+needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
+needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
+
+
+@needs_torch
+@pytest.mark.parametrize("a_layout", ["row", "column", "padded"])
+@pytest.mark.parametrize("b_layout", ["row", "column", "padded", "strided"])
+def test_torch_layouts_read_in_place(a_layout, b_layout):
+    """a and b row-major, column-major (transposed views), row-padded, or with no unit stride (copied): the same
+    result as the float64 reference; the first three reach the kernel without a copy."""
+    import torch
+
+    import tile_kernels.torch as tk
+    from tile_kernels.torch.matmul import _operand
+
+    dev = "cuda" if DEVICE == "gpu" else "cpu"
+    rng = np.random.default_rng(0)
+    m, k, n = 37, 80, 48
+
+    def laid_out(x: np.ndarray, layout: str):
+        t = torch.from_numpy(x).to(dev, torch.float16)
+        if layout == "column":
+            return t.t().contiguous().t()
+        if layout == "padded":
+            return torch.nn.functional.pad(t, (0, 16))[:, : x.shape[1]]
+        if layout == "strided":  # every other element of both dims: no unit stride
+            return torch.from_numpy(np.repeat(np.repeat(x, 2, 0), 2, 1)).to(dev, torch.float16)[::2, ::2]
+        return t
+
+    kwargs = mm.sample(rng, (m, n), "float16", bias=True, activation="silu")
+    kwargs["a"] = rng.standard_normal((m, k)).astype(np.float16)
+    kwargs["b"] = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
+    a, b = laid_out(kwargs["a"], a_layout), laid_out(kwargs["b"], b_layout)
+    for t, layout in ((a, a_layout), (b, b_layout)):
+        read, column, _ = _operand(t)
+        assert (read.data_ptr() == t.data_ptr()) == (layout != "strided")
+        assert column == (layout == "column")
+    out = tk.matmul(a, b, torch.from_numpy(kwargs["bias"]).to(dev), "silu")
+    assert_close("matmul", out.float().cpu().numpy().astype(np.float64), mm.reference(**kwargs)[0], "float16")
+
+
+def test_blocks_by_size_and_units():
+    """Decode-, mid- and prefill-sized tiles; K and the leading dimensions pass in units of 16 when all of them
+    allow (so the K mask is constant over 16 elements and the loads pipeline), else as they are."""
+    h200 = Target(warp_size=32, num_sms=132, cuda_arch=90)
+    assert mm.blocks(1, 4096, 4096, "bfloat16", h200).block_m == 16
+    assert mm.blocks(64, 4096, 4096, "bfloat16", h200).block_m == 64
+    assert mm.blocks(4096, 4096, 4096, "bfloat16", h200).block_m == 128
+    narrow = mm.blocks(4096, 40, 24, "bfloat16", h200)
+    assert (narrow.block_n, narrow.block_k) == (64, 32)
+    assert mm.blocks(4096, 4096, 4096, "bfloat16", Target(warp_size=64)).stages == 1
+
+    def unit(**kw):
+        (launch,) = mm.forward(dtype="bfloat16", target=h200, **kw).launches
+        return launch.constexprs["UNIT"]
+
+    assert unit(m=100, n=4096, k=4096, b_col=True) == 16
+    assert unit(m=100, n=4096, k=4104) == 8
+    assert unit(m=100, n=4096, k=4095) == 1
+    assert mm.forward(0, 8, 8, dtype="float16", target=h200).launches == ()
+
+
+@needs_jax
+def test_jax_jit_and_vmap():
+    import jax
+    import jax.numpy as jnp
+
+    import tile_kernels.jax as tk
+
+    rng = np.random.default_rng(2)
+    shapes = {"a": (3, 6, 40), "b": (3, 40, 24), "bias": (3, 24), "residual": (3, 6, 24)}
+    stacked = {x: jnp.asarray(rng.standard_normal(shape), jnp.float32) for x, shape in shapes.items()}
+
+    def f(a, b, bias, residual):
+        return tk.matmul(a, b, bias, "gelu", residual)
+
+    one = {x: v[0] for x, v in stacked.items()}
+    np.testing.assert_array_equal(jax.jit(f)(**one), f(**one))
+    batched = jax.vmap(f)(**stacked)
+    for i in range(3):
+        ref = mm.reference(**{x: np.asarray(v[i]) for x, v in stacked.items()}, activation="gelu")[0]
+        assert_close("matmul vmap", np.asarray(batched[i], np.float64), ref, "float32")
+
+
+@needs_torch
+def test_torch_opcheck():
+    import torch
+
+    import tile_kernels.torch  # noqa: F401  (registers the ops)
+
+    dev = "cuda" if DEVICE == "gpu" else "cpu"
+    utils = OPCHECK_UTILS
+    kwargs = mm.sample(np.random.default_rng(3), (5, 48), "float16", bias=True, residual=True)
+    a, b, bias, residual = (torch.from_numpy(kwargs[x]).to(dev) for x in ("a", "b", "bias", "residual"))
+    ops = torch.ops.tile_kernels
+    for op, args in [(ops.matmul_fwd.default, (a, b.t().contiguous().t(), bias, "gelu_tanh", residual)),
+                     (ops.matmul.default, (a, b, None, None, None))]:  # fmt: skip
+        result = torch.library.opcheck(op, args, test_utils=utils)
+        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "gpu", reason="torch.compile cannot compile Triton kernels in the interpreter")
+def test_torch_compile_fullgraph_matches_eager():
+    import torch
+
+    import tile_kernels.torch as tk
+
+    x = torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16) / 32
+    bias = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
+
+    def layer(x):
+        return tk.matmul(x, w.t(), bias, "silu").sum(-1)
+
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(layer, fullgraph=True)(x), layer(x))
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("activation", mm.ACTIVATIONS)
+def test_bench_peers_on_every_epilogue(framework, activation):
+    """The benchmark's torch eager and jax.jit peers compute the same op with every epilogue."""
+    from test_bench import _peer
+
+    peer = _peer(framework, mm.NAME)
+    for seed in range(2):
+        kwargs = mm.sample(np.random.default_rng(seed), (3, 40), "float32", bias=bool(seed), activation=activation,
+                           residual=True)  # fmt: skip
+        np.testing.assert_allclose(peer(kwargs)[0], mm.reference(**kwargs)[0], rtol=2e-5, atol=1e-5)
