@@ -1,0 +1,88 @@
+"""Sweep of matmul's launch configuration (core.matmul.Blocks) on the current GPU: device time of the torch op
+(CUDA-graph replays, triton.testing.do_bench_cudagraph) beside cuBLAS (torch.mm on the same operands) in the same
+run, bf16, b = W.t() of a Linear weight W (N, K) as a model calls it. Shapes (M, K, N): 8192^3, Llama-3-8B's MLP up and
+down projections over 4096 tokens, and the up projection at 16 and 64 rows. Each line: us, TFLOP/s, the ratio to
+cuBLAS, and the max |difference| to cuBLAS's result relative to its largest entry. The default and the best per shape
+last.
+
+    python benchmarks/sweep_matmul.py [--shape 8192,8192,8192 ...] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import triton.testing
+
+import tile_kernels.torch as tk
+from tile_kernels.core import matmul as core
+from tile_kernels.torch import _runtime
+
+SHAPES = ((8192, 8192, 8192), (4096, 4096, 14336), (4096, 14336, 4096), (16, 4096, 14336), (64, 4096, 14336))
+
+
+def candidates(m: int):
+    if m <= 64:
+        for bm, bn, bk, stages in itertools.product((16, 32, 64), (32, 64, 128), (64, 128, 256), (3, 4, 5)):
+            if bm <= max(16, m):
+                yield core.Blocks(bm, bn, bk, 4, stages)
+        return
+    for bm, bn, bk, warps, stages in [(128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 128, 64, 4, 4),
+                                      (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 128, 8, 3),
+                                      (64, 256, 64, 4, 4), (128, 64, 64, 4, 4)]:  # fmt: skip
+        yield core.Blocks(bm, bn, bk, warps, stages)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", action="append", help="M,K,N (repeatable; default: SHAPES)")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    shapes = [tuple(int(d) for d in s.split(",")) for s in args.shape] if args.shape else SHAPES
+    lines = []
+
+    def say(line):
+        print(line, flush=True)
+        lines.append(line)
+
+    default = core.blocks
+    say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    g = torch.Generator("cuda").manual_seed(0)
+    for m, k, n in shapes:
+        a = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+        w = (torch.randn(n, k, generator=g, device="cuda") / k**0.5).to(torch.bfloat16)
+        want = a @ w.t()
+        scale = want.abs().max().item()
+        flops = 2 * m * n * k
+        cublas = triton.testing.do_bench_cudagraph(lambda a=a, w=w: a @ w.t())
+        say(f"{m}x{k}x{n} cuBLAS: {cublas * 1e3:.1f} us {flops / cublas / 1e9:.0f} TFLOP/s")
+        results = []
+        for b in candidates(m):
+            core.blocks = lambda *args, _b=b: _b
+            _runtime._cached_executor.cache_clear()
+            try:
+                err = (tk.matmul(a, w.t()).float() - want.float()).abs().max().item() / scale
+                ms = triton.testing.do_bench_cudagraph(lambda a=a, w=w: tk.matmul(a, w.t()))
+            except Exception as e:  # a configuration that does not compile (shared memory, registers)
+                say(f"{m}x{k}x{n} {b}: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            results.append((ms, str(b)))
+            say(f"{m}x{k}x{n} {b}: {ms * 1e3:.1f} us {flops / ms / 1e9:.0f} TFLOP/s {cublas / ms:.2f}x cuBLAS "
+                f"err {err:.2g}")  # fmt: skip
+        core.blocks = default
+        _runtime._cached_executor.cache_clear()
+        ms = triton.testing.do_bench_cudagraph(lambda a=a, w=w: tk.matmul(a, w.t()))
+        chosen = default(m, n, k, "bfloat16", _runtime.target(a.device))
+        say(f"{m}x{k}x{n} DEFAULT {chosen}: {ms * 1e3:.1f} us {flops / ms / 1e9:.0f} TFLOP/s {cublas / ms:.2f}x cuBLAS")
+        if results:
+            ms, best = min(results)
+            say(f"BEST {m}x{k}x{n}: {best} {ms * 1e3:.1f} us {cublas / ms:.2f}x cuBLAS")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
