@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     flash_attention,
     flash_attention_varlen,
     fused_linear_cross_entropy,
+    grouped_matmul,
     layer_norm,
     matmul,
     mla_decode,

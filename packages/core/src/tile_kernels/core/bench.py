@@ -70,6 +70,9 @@ def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
         scale = min(1.0, elements / ELEMENTS)  # a smaller --elements shrinks K and N alike
         k, n = (max(256, round(d * scale) // 128 * 128) for d in (8192, 28672))
         return [(m, k, n) for m in dict.fromkeys((1, 16, max(16, round(4096 * scale))))]
+    if op == "grouped_matmul":  # (E, T, K, N): Mixtral-8x7B's expert up projections over 8192 tokens, even routing
+        scale = min(1.0, elements / ELEMENTS)
+        return [(8, *(max(256, round(d * scale) // 128 * 128) for d in (8192, 4096, 14336)))]
     if op == "matmul":  # (M, K, N): 8192^3; Llama-3-8B's MLP up and down projections over 4096 tokens; 16 rows
         scale = min(1.0, elements / ELEMENTS)  # a smaller --elements shrinks every dim alike
         sizes = ((8192, 8192, 8192), (4096, 4096, 14336), (4096, 14336, 4096), (16, 4096, 14336))

@@ -10,9 +10,9 @@ Either operand may be row-major (unit stride along its last dim) or column-major
 W.T of a torch Linear weight W (N, K) is read in place), the layout a constexpr (A_COL / B_COL) and the other stride,
 the leading dimension, a runtime int. K and the leading dimensions pass in 16-element units where they allow
 (plan.in_units): the loads vectorize and the K mask is constant over 16 elements, which Triton's pipeliner needs to
-stage the loads asynchronously (cp.async), under any launcher. Out-of-range rows and columns are read at wrapped
-indices and never stored: only the K tail is masked. Design limits: no split of K (a decode-sized M with few output
-tiles runs few programs), no persistent scheduler, no TMA descriptors, no TileLang sm_90a kernel yet.
+stage the loads asynchronously (cp.async), under any launcher. Out-of-range rows and columns read the last one
+(clamped) and are never stored: only the K tail is masked. Design limits: no split of K (a decode-sized M with few
+output tiles runs few programs), no persistent scheduler, no TMA descriptors, no TileLang sm_90a kernel yet.
 """
 
 from __future__ import annotations
@@ -67,21 +67,23 @@ def matmul_kernel(
     group_rows = tl.minimum(tl.cdiv(M, BLOCK_M) - first_m, GROUP_M)
     tile_m = first_m + (pid % per_group) % group_rows
     tile_n = (pid % per_group) // group_rows
-    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_in, cols_in = (rows % M).to(tl.int64), (cols % N).to(tl.int64)  # wrapped: loads need no row / column mask
+    row0, col0 = tile_m * BLOCK_M, tile_n * BLOCK_N
+    # offsets within the tile in int32 from 64-bit tile bases (int64 offset tiles cost registers the epilogue lacks);
+    # rows and columns past the ends read the last one (clamped): the loads need no row / column mask
+    rm, cn = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
+    rows_in, cols_in = tl.minimum(rm, M - 1 - row0), tl.minimum(cn, N - 1 - col0)
     kk = tl.arange(0, BLOCK_K)
     if A_COL:
-        a_ptrs = A + rows_in[:, None] + kk[None, :] * lda
+        a_ptrs = A + row0 + rows_in[:, None] + kk[None, :] * lda
         a_step = BLOCK_K * lda
     else:
-        a_ptrs = A + rows_in[:, None] * lda + kk[None, :]
+        a_ptrs = A + row0.to(tl.int64) * lda + rows_in[:, None] * lda + kk[None, :]
         a_step = BLOCK_K
     if B_COL:
-        b_ptrs = B + kk[:, None] + cols_in[None, :] * ldb
+        b_ptrs = B + col0.to(tl.int64) * ldb + kk[:, None] + cols_in[None, :] * ldb
         b_step = BLOCK_K
     else:
-        b_ptrs = B + kk[:, None] * ldb + cols_in[None, :]
+        b_ptrs = B + col0 + kk[:, None] * ldb + cols_in[None, :]
         b_step = BLOCK_K * ldb
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -95,12 +97,14 @@ def matmul_kernel(
         a_ptrs += a_step
         b_ptrs += b_step
     if HAS_BIAS:
-        acc += tl.load(BIAS + cols_in).to(tl.float32)[None, :]
+        acc += tl.load(BIAS + col0 + cols_in).to(tl.float32)[None, :]
     acc = _activation(acc, ACTIVATION)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    mask = (rm < M - row0)[:, None] & (cn < N - col0)[None, :]
     if HAS_RESIDUAL:
-        acc += tl.load(RES + rows_in[:, None] * ldr + cols_in[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(OUT + rows_in[:, None] * ldo + cols_in[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
+        res = RES + row0.to(tl.int64) * ldr + col0 + rm[:, None] * ldr + cn[None, :]
+        acc += tl.load(res, mask=mask, other=0.0).to(tl.float32)
+    out = OUT + row0.to(tl.int64) * ldo + col0 + rm[:, None] * ldo + cn[None, :]
+    tl.store(out, acc.to(OUT.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -137,17 +141,16 @@ class Blocks:
 
 def blocks(m: int, n: int, k: int, dtype: str, target: Target) -> Blocks:
     """16-bit on warp-32 GPUs: 128 x 128 x 64 tiles, 8 warps, 4 stages (96-128 KiB of shared memory) at prefill
-    sizes: the largest tile that compiles without spills on sm_80 / sm_90 / sm_100 (128 x 256 spills 300-600 bytes a
-    thread, 1.5-2 KB with an epilogue; `tile-kernels aot --op matmul --report`); 64 x 128 x 64 at M <= 64 and
-    16 x 64 x 128 at M <= 16 (more programs over the weights). float32 (IEEE products, no TF32): 32 x 32 x 32.
-    Wavefront-64 (AMD, 64 KiB of LDS): 128 x 128 x 64, one stage. Tiles no wider than N and K round up to. Not yet
-    swept on a GPU."""
+    sizes: the largest tile that compiles without spills on sm_80 / sm_90 / sm_100 with every epilogue (128 x 256
+    spills; `tile-kernels aot --op matmul --report`); 64 x 128 x 64 at M <= 64 and 16 x 64 x 64 at M <= 16 (more
+    programs over the weights). float32 (IEEE products, no TF32): 32 x 32 x 32. Wavefront-64 (AMD, 64 KiB of LDS):
+    128 x 128 x 64, one stage. Tiles no wider than N and K round up to. Not yet swept on a GPU."""
     if dtype == "float32":
         b = Blocks(32, 32, 32, 4, 1 if target.warp_size == 64 else 2)
     elif target.warp_size == 64:
         b = Blocks(128, 128, 64, 4, 1)
     elif m <= 16:
-        b = Blocks(16, 64, 128, 4, 4)
+        b = Blocks(16, 64, 64, 4, 4)
     elif m <= 64:
         b = Blocks(64, 128, 64, 4, 4)
     else:

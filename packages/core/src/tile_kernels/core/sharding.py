@@ -247,6 +247,17 @@ def _matmul_fwd(bias: bool = False, residual: bool = False) -> Kernel:
     return Kernel(args, {"out": "m n"}, ("m", "n"))
 
 
+# grouped_matmul: group_sizes counts global rows, so the rows stay whole; N (the weights' and the output's columns)
+# splits, dx then the devices' partial sums over it
+def _grouped_matmul_fwd() -> Kernel:
+    return Kernel({"x": "t k", "weights": "e k n", "group_sizes": "e"}, {"out": "t n"}, ("n",))
+
+
+def _grouped_matmul_bwd() -> Kernel:
+    args = {"dy": "t n", "x": "t k", "weights": "e k n", "group_sizes": "e"}
+    return Kernel(args, {"dx": "t k", "dweights": "e k n"}, ("n",))
+
+
 KERNELS: dict[str, Callable[..., Kernel]] = {
     "rms_norm_fwd": _rms_norm_fwd,
     "rms_norm_bwd": _rms_norm_bwd,
@@ -272,6 +283,8 @@ KERNELS: dict[str, Callable[..., Kernel]] = {
     "decode_attention_fwd": _decode_attention_fwd,
     "dequant_matmul_fwd": _dequant_matmul_fwd,
     "matmul_fwd": _matmul_fwd,
+    "grouped_matmul_fwd": _grouped_matmul_fwd,
+    "grouped_matmul_bwd": _grouped_matmul_bwd,
     "mla_decode_fwd": _mla_decode_fwd,
 }
 
@@ -320,6 +333,7 @@ RULES: dict[str, Callable[[Mapping[str, Any]], Split]] = {
     ),
     "decode_attention": _decode_attention,
     "dequant_matmul": lambda kwargs: _public(_dequant_matmul_fwd(_given(kwargs, "zeros")), "out"),
+    "grouped_matmul": lambda kwargs: _public(_grouped_matmul_fwd(), "out"),
     "matmul": lambda kwargs: _public(_matmul_fwd(_given(kwargs, "bias"), _given(kwargs, "residual")), "out"),
     "mla_decode": _mla_decode,
     "cross_entropy": lambda kwargs: _public(_cross_entropy_fwd(kwargs.get("reduction", "mean")), "loss"),

@@ -10,6 +10,7 @@ from .dequant_matmul import dequant_matmul
 from .flash_attention import flash_attention
 from .flash_attention_varlen import flash_attention_varlen
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
+from .grouped_matmul import grouped_matmul
 from .matmul import matmul
 from .mla_decode import mla_decode
 from .norms import layer_norm, rms_norm
@@ -19,5 +20,6 @@ from .swiglu import swiglu
 
 __all__ = [
     "apply_rotary", "cross_entropy", "decode_attention", "dequant_matmul", "flash_attention", "flash_attention_varlen",
-    "fused_linear_cross_entropy", "layer_norm", "matmul", "mla_decode", "rms_norm", "softmax", "swiglu",
+    "fused_linear_cross_entropy", "grouped_matmul", "layer_norm", "matmul", "mla_decode", "rms_norm", "softmax",
+    "swiglu",
 ]  # fmt: skip

@@ -151,6 +151,11 @@ def matmul(a, b, bias=None, activation=None, residual=None):
     return (y if residual is None else y + residual.astype(jnp.float32)).astype(a.dtype)
 
 
+def grouped_matmul(x, weights, group_sizes):
+    """XLA's ragged_dot (fp32 accumulation), rounded once."""
+    return jax.lax.ragged_dot(x, weights, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
     """The cache gathered (through the block table when paged) and masked past each length, heads expanded for GQA,
     softmax in float32 (a sequence of length 0 gives 0)."""
@@ -183,7 +188,7 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 
 REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                      fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
-                                     decode_attention, dequant_matmul, matmul, mla_decode)}  # fmt: skip
+                                     decode_attention, dequant_matmul, matmul, grouped_matmul, mla_decode)}  # fmt: skip
 
 
 def _pallas(op: str):

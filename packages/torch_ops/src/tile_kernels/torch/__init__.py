@@ -16,6 +16,7 @@ from .fused_linear_cross_entropy import (
     fused_linear_cross_entropy_fwd,
     fused_linear_cross_entropy_scale_,
 )
+from .grouped_matmul import grouped_matmul, grouped_matmul_bwd, grouped_matmul_fwd
 from .matmul import matmul, matmul_fwd
 from .mla_decode import mla_decode, mla_decode_fwd
 from .models import apply_to
@@ -32,7 +33,7 @@ __all__ = [
     "flash_attention", "flash_attention_bwd", "flash_attention_fwd",
     "flash_attention_varlen", "flash_attention_varlen_bwd", "flash_attention_varlen_fwd",
     "fused_linear_cross_entropy", "fused_linear_cross_entropy_bwd", "fused_linear_cross_entropy_fwd",
-    "fused_linear_cross_entropy_scale_",
+    "fused_linear_cross_entropy_scale_", "grouped_matmul", "grouped_matmul_bwd", "grouped_matmul_fwd",
     "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "matmul", "matmul_fwd", "mla_decode", "mla_decode_fwd", "nn",
     "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
     "softmax", "softmax_bwd", "softmax_fwd", "swiglu", "swiglu_bwd", "swiglu_fwd",

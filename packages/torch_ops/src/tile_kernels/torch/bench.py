@@ -144,6 +144,16 @@ def matmul(a, b, bias=None, activation=None, residual=None):
     return y if residual is None else y + residual
 
 
+def grouped_matmul(x, weights, group_sizes):
+    """One cuBLAS GEMM per expert over its rows (the sizes read on the host); rows past the sizes' sum 0."""
+    out = x.new_zeros(x.shape[0], weights.shape[2])
+    start = 0
+    for e, size in enumerate(group_sizes.tolist()):
+        out[start : start + size] = x[start : start + size] @ weights[e]
+        start += size
+    return out
+
+
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
     """The cache gathered (through the block table when paged) and masked past each length, heads expanded for GQA,
     softmax in float32 (a sequence of length 0 gives 0)."""
@@ -174,7 +184,7 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 
 EAGER = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                   fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
-                                  decode_attention, dequant_matmul, matmul, mla_decode)}  # fmt: skip
+                                  decode_attention, dequant_matmul, matmul, grouped_matmul, mla_decode)}  # fmt: skip
 
 
 # Peers left out of torch.compile: Inductor's code for the padded varlen peer raised a device-side assert at the
@@ -380,6 +390,10 @@ class Provider:
         impls["liger"] = _liger(op)
         if op == "flash_attention":
             impls |= {"sdpa cudnn": _sdpa("CUDNN_ATTENTION"), "sdpa flash": _sdpa("FLASH_ATTENTION")}
+        if op == "grouped_matmul" and hasattr(torch, "_grouped_mm"):  # torch's grouped GEMM (offsets: the sizes' sums)
+            impls["torch._grouped_mm"] = lambda x, weights, group_sizes: torch._grouped_mm(
+                x, weights, offs=group_sizes.cumsum(0, dtype=torch.int32)
+            )
         if op == "dequant_matmul":  # the anchor: cuBLAS on the weight dequantized once, in a's dtype
             impls["torch.mm (dequantized weight)"] = _dequantized_once
         if op == "flash_attention_varlen":  # the benchmark's sequences have one length: the same work as a batch

@@ -1,0 +1,112 @@
+"""grouped_matmul beyond the registry-driven suite: rows past the sizes' sum, groups cut at T and empty groups, the
+tile scan over uneven groups, the adapters' guarantees (JAX jit / vmap / grad, torch opcheck and torch.compile), and
+the benchmark peers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import DEVICE, OPCHECK_UTILS
+from drivers import DRIVERS
+from test_ops import assert_close
+
+from tile_kernels.core import grouped_matmul as gm
+
+needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
+needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
+
+
+@pytest.mark.parametrize("sizes", [[0, 70, 0, 1, 129], [300, 0], [10, 20], [0, 0, 0]])
+def test_uneven_groups_short_and_long_sums(driver, sizes):
+    """Groups of 0, 1, one tile + 1 and several tiles; a sum past T (the last group cut at T) and short of it (the
+    rows past it 0); the forward and both gradients against the float64 reference."""
+    rng = np.random.default_rng(len(sizes))
+    t, k, n = 200, 40, 24
+    kwargs = {"x": rng.standard_normal((t, k)).astype(np.float32),
+              "weights": (rng.standard_normal((len(sizes), k, n)) / np.sqrt(k)).astype(np.float32),
+              "group_sizes": np.array(sizes, np.int32)}  # fmt: skip
+    (out,) = driver.call(gm.NAME, kwargs)
+    (ref,) = gm.reference(**kwargs)
+    if sum(sizes) < t:
+        assert not np.any(ref[sum(sizes) :]) and not np.any(out[sum(sizes) :])
+    assert_close("grouped_matmul", np.asarray(out, np.float64), ref, "float32")
+    dy = rng.standard_normal(ref.shape).astype(np.float32)
+    _, grads = driver.vjp(gm.NAME, kwargs, ("x", "weights"), (dy,))
+    want = gm.reference_vjp(kwargs, (dy,))
+    for name in ("x", "weights"):
+        assert_close(f"d{name}", np.asarray(grads[name], np.float64), want[name], "float32")
+
+
+@needs_jax
+def test_jax_jit_vmap_and_grad():
+    import jax
+    import jax.numpy as jnp
+
+    import tile_kernels.jax as tk
+
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((3, 30, 16)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((3, 4, 16, 8)), jnp.float32)
+    sizes = jnp.asarray([[10, 0, 15, 5], [30, 0, 0, 0], [1, 2, 3, 4]], jnp.int32)
+    one = (x[0], w[0], sizes[0])
+    np.testing.assert_array_equal(jax.jit(tk.grouped_matmul)(*one), tk.grouped_matmul(*one))
+    batched = jax.vmap(tk.grouped_matmul)(x, w, sizes)
+    for i in range(3):
+        ref = gm.reference(np.asarray(x[i]), np.asarray(w[i]), np.asarray(sizes[i]))[0]
+        assert_close("grouped_matmul vmap", np.asarray(batched[i], np.float64), ref, "float32")
+    dx, dw = jax.grad(lambda x, w: tk.grouped_matmul(x, w, sizes[2]).sum(), argnums=(0, 1))(x[2], w[2])
+    want = gm.reference_vjp({"x": np.asarray(x[2]), "weights": np.asarray(w[2]), "group_sizes": np.asarray(sizes[2])},
+                            (np.ones((30, 8)),))  # fmt: skip
+    assert_close("dx", np.asarray(dx, np.float64), want["x"], "float32")
+    assert_close("dweights", np.asarray(dw, np.float64), want["weights"], "float32")
+
+
+@needs_torch
+def test_torch_opcheck():
+    import torch
+
+    import tile_kernels.torch  # noqa: F401  (registers the ops)
+
+    dev = "cuda" if DEVICE == "gpu" else "cpu"
+    utils = OPCHECK_UTILS
+    kwargs = gm.sample(np.random.default_rng(3), (24, 16), "float16", experts=3)
+    x, w, sizes = (torch.from_numpy(kwargs[k]).to(dev) for k in ("x", "weights", "group_sizes"))
+    dy = torch.randn(24, 16, device=dev, dtype=torch.float16)
+    ops = torch.ops.tile_kernels
+    for op, args in [(ops.grouped_matmul_fwd.default, (x.requires_grad_(), w.requires_grad_(), sizes)),
+                     (ops.grouped_matmul_bwd.default, (dy, x.detach(), w.detach(), sizes)),
+                     (ops.grouped_matmul.default, (x, w, sizes))]:  # fmt: skip
+        result = torch.library.opcheck(op, args, test_utils=utils)
+        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "gpu", reason="torch.compile cannot compile Triton kernels in the interpreter")
+def test_torch_compile_fullgraph_matches_eager():
+    import torch
+
+    import tile_kernels.torch as tk
+
+    x = torch.randn(1000, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(4, 512, 256, device="cuda", dtype=torch.bfloat16) / 23).requires_grad_()
+    sizes = torch.tensor([300, 0, 450, 250], device="cuda", dtype=torch.int32)
+
+    def layer(x, w):
+        return torch.nn.functional.silu(tk.grouped_matmul(x, w, sizes)).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.autograd.grad(torch.compile(layer, fullgraph=True)(x, w), (x, w))
+    torch.testing.assert_close(compiled, torch.autograd.grad(layer(x, w), (x, w)))
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_bench_peers(framework):
+    """The benchmark's torch eager (a GEMM per group) and jax.jit (ragged_dot) peers compute the same op, empty
+    groups and a short sum included."""
+    from test_bench import _peer
+
+    peer = _peer(framework, gm.NAME)
+    for seed in range(3):
+        kwargs = gm.sample(np.random.default_rng(seed), (3, 40), "float32", experts=4)
+        kwargs["group_sizes"][-1] = max(0, kwargs["group_sizes"][-1] - 2)  # the last 2 rows in no group
+        np.testing.assert_allclose(peer(kwargs)[0], gm.reference(**kwargs)[0], rtol=2e-5, atol=1e-5)
