@@ -30,7 +30,7 @@ class TorchDriver:
         torch = self.torch
         if not isinstance(a, (np.ndarray, np.generic)):
             return a
-        host = np.asarray(a.astype(np.float32) if a.dtype.name == "bfloat16" else a)
+        host = np.asarray(a.astype(np.float32) if a.dtype.name in ("bfloat16", "float8_e4m3fn") else a)
         t = torch.from_numpy(host.copy())  # a copy keeps 0-d arrays 0-d (ascontiguousarray would not)
         t = t.to(self.device, getattr(torch, a.dtype.name))
         if layout == "row_padded" and t.dim() >= 1:

@@ -32,14 +32,11 @@ def test_cases_cover_every_registered_op():
 def _peer(framework: str, op: str):
     if framework == "torch":
         pytest.importorskip("torch")
-        import torch
+        from tile_kernels.torch.bench import EAGER, _tensor
 
-        from tile_kernels.torch.bench import EAGER
-
-        def to(v):
-            return torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-
-        return lambda kw: [o.double().numpy() for o in _tuple(EAGER[op](**{k: to(v) for k, v in kw.items()}))]
+        return lambda kw: [
+            o.double().numpy() for o in _tuple(EAGER[op](**{k: _tensor(v, "cpu") for k, v in kw.items()}))
+        ]
     jax = pytest.importorskip("jax")
     from tile_kernels.jax.bench import REFERENCE
 

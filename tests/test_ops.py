@@ -76,8 +76,8 @@ def problems(draw, op: str):
 
 
 def _dtype(kwargs) -> str:
-    """The op's input dtype: that of its first array argument."""
-    return next(str(v.dtype) for v in kwargs.values() if isinstance(v, np.ndarray))
+    """The op's output dtype: its out_dtype where it has one (fp8_matmul), else that of its first array argument."""
+    return kwargs.get("out_dtype") or next(str(v.dtype) for v in kwargs.values() if isinstance(v, np.ndarray))
 
 
 def _layout(driver, layout):

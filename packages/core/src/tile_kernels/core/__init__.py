@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     dequant_matmul,
     flash_attention,
     flash_attention_varlen,
+    fp8_matmul,
     fused_linear_cross_entropy,
     grouped_matmul,
     layer_norm,

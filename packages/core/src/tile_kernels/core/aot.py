@@ -27,10 +27,8 @@ from dataclasses import dataclass
 
 from . import backends
 from .host import interpreting
-from .plan import FLOAT_DTYPES, Launch, Plan, Target, dtype_of, is_ref, ref_name
+from .plan import FLOAT_DTYPES, TRITON_TYPE, Launch, Plan, Target, dtype_of, is_ref, ref_name
 from .registry import REGISTRY
-
-_TRITON_TYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32": "i32", "int64": "i64"}
 
 
 @dataclass(frozen=True)
@@ -88,10 +86,10 @@ def _config(op: str, plan: Plan, launch: Launch) -> KernelConfig:
     signature, constexprs = {}, dict(launch.constexprs)
     for name, value in zip(params, launch.reads + launch.writes, strict=False):
         if is_ref(value):
-            signature[name] = "*" + _TRITON_TYPE[dtype_of(plan, ref_name(value))]
+            signature[name] = "*" + TRITON_TYPE[dtype_of(plan, ref_name(value))]
         elif value is None:  # absent pointer: the executors pass another buffer of the launch
             first = next(v for v in launch.reads if is_ref(v))
-            signature[name] = "*" + _TRITON_TYPE[dtype_of(plan, ref_name(first))]
+            signature[name] = "*" + TRITON_TYPE[dtype_of(plan, ref_name(first))]
         elif isinstance(value, float):
             signature[name] = "fp32"
         elif value == 1:  # Triton's launcher specializes integer 1 into a constant

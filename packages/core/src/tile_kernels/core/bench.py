@@ -73,7 +73,7 @@ def shapes(op: str, widths, elements: int) -> list[tuple[int, ...]]:
     if op == "grouped_matmul":  # (E, T, K, N): Mixtral-8x7B's expert up projections over 8192 tokens, even routing
         scale = min(1.0, elements / ELEMENTS)
         return [(8, *(max(256, round(d * scale) // 128 * 128) for d in (8192, 4096, 14336)))]
-    if op == "matmul":  # (M, K, N): 8192^3; Llama-3-8B's MLP up and down projections over 4096 tokens; 16 rows
+    if op in ("matmul", "fp8_matmul"):  # (M, K, N): 8192^3; Llama-3-8B's MLP up and down over 4096 tokens; 16 rows
         scale = min(1.0, elements / ELEMENTS)  # a smaller --elements shrinks every dim alike
         sizes = ((8192, 8192, 8192), (4096, 4096, 14336), (4096, 14336, 4096), (16, 4096, 14336))
         return [tuple(max(256, round(d * scale) // 128 * 128) if d > 16 else d for d in s) for s in sizes]

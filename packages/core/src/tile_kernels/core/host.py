@@ -10,9 +10,7 @@ import os
 
 import numpy as np
 
-from .plan import Gemm, Plan, resolve, written_inputs
-
-_TRITON_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32": "i32", "int64": "i64"}
+from .plan import TRITON_TYPE, Gemm, Plan, resolve, written_inputs
 
 
 def _interpret_env() -> bool:
@@ -46,7 +44,7 @@ class HostBuffer:
         if not array.flags.c_contiguous:
             raise ValueError("HostBuffer needs a C-contiguous array")
         self.array = array
-        self.dtype = _TRITON_DTYPE[array.dtype.name]
+        self.dtype = TRITON_TYPE[array.dtype.name]
 
     def data_ptr(self) -> int:
         return self.array.ctypes.data
@@ -78,10 +76,10 @@ class HostBuffer:
 
 
 def _numpy_dtype(name: str):
-    if name == "bfloat16":
+    if name in ("bfloat16", "float8_e4m3fn"):
         import ml_dtypes
 
-        return ml_dtypes.bfloat16
+        return getattr(ml_dtypes, name)
     return np.dtype(name)
 
 

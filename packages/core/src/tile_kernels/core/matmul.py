@@ -50,6 +50,20 @@ def _activation(y, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row0, col0) of program_id(0)'s output tile of a cdiv(M, BLOCK_M) x cdiv(N, BLOCK_N) grid, the tiles visited
+    GROUP_M tile rows at a time, column by column: a group's programs share b's column blocks in L2."""
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(tl.cdiv(M, BLOCK_M) - first_m, GROUP_M)
+    tile_m = first_m + (pid % per_group) % group_rows
+    tile_n = (pid % per_group) // group_rows
+    return tile_m * BLOCK_M, tile_n * BLOCK_N
+
+
+@triton.jit
 def matmul_kernel(
     A, B, BIAS, RES, M, N, K, lda, ldb, ldr, ldo,
     OUT,
@@ -60,14 +74,7 @@ def matmul_kernel(
     """Grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),). a[m, k] at A + m lda + k (A + k lda + m if A_COL), b[k, n] at
     B + k ldb + n (B + n ldb + k if B_COL), residual[m, n] at RES + m ldr + n, OUT[m, n] at OUT + m ldo + n."""
     K, lda, ldb, ldr, ldo = K * UNIT, lda * UNIT, ldb * UNIT, ldr * UNIT, ldo * UNIT  # plan.in_units: UNIT_ARGS
-    pid = tl.program_id(0)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(tl.cdiv(M, BLOCK_M) - first_m, GROUP_M)
-    tile_m = first_m + (pid % per_group) % group_rows
-    tile_n = (pid % per_group) // group_rows
-    row0, col0 = tile_m * BLOCK_M, tile_n * BLOCK_N
+    row0, col0 = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     # offsets within the tile in int32 from 64-bit tile bases (int64 offset tiles cost registers the epilogue lacks);
     # rows and columns past the ends read the last one (clamped): the loads need no row / column mask
     rm, cn = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)

@@ -26,7 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8}
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float64": 8, "int32": 4, "int64": 8}
+# the dtypes kernels read and write, by Triton's names for their pointers' element types
+TRITON_TYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4nv", "int32": "i32",
+               "int64": "i64"}  # fmt: skip
 
 
 def dtype_name(dtype: Any) -> str:

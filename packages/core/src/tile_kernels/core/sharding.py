@@ -247,6 +247,12 @@ def _matmul_fwd(bias: bool = False, residual: bool = False) -> Kernel:
     return Kernel(args, {"out": "m n"}, ("m", "n"))
 
 
+def _fp8_matmul_fwd() -> Kernel:
+    """Rows of a (and of its scales and the output); N stays whole (b's scale blocks are 128 columns wide)."""
+    args = {"a": "m k", "a_scales": "m j", "b": "n k", "b_scales": "i j"}
+    return Kernel(args, {"out": "m n"}, ("m",))
+
+
 # grouped_matmul: group_sizes counts global rows, so the rows stay whole; N (the weights' and the output's columns)
 # splits, dx then the devices' partial sums over it
 def _grouped_matmul_fwd() -> Kernel:
@@ -283,6 +289,7 @@ KERNELS: dict[str, Callable[..., Kernel]] = {
     "decode_attention_fwd": _decode_attention_fwd,
     "dequant_matmul_fwd": _dequant_matmul_fwd,
     "matmul_fwd": _matmul_fwd,
+    "fp8_matmul_fwd": _fp8_matmul_fwd,
     "grouped_matmul_fwd": _grouped_matmul_fwd,
     "grouped_matmul_bwd": _grouped_matmul_bwd,
     "mla_decode_fwd": _mla_decode_fwd,
@@ -333,6 +340,7 @@ RULES: dict[str, Callable[[Mapping[str, Any]], Split]] = {
     ),
     "decode_attention": _decode_attention,
     "dequant_matmul": lambda kwargs: _public(_dequant_matmul_fwd(_given(kwargs, "zeros")), "out"),
+    "fp8_matmul": lambda kwargs: _public(_fp8_matmul_fwd(), "out"),
     "grouped_matmul": lambda kwargs: _public(_grouped_matmul_fwd(), "out"),
     "matmul": lambda kwargs: _public(_matmul_fwd(_given(kwargs, "bias"), _given(kwargs, "residual")), "out"),
     "mla_decode": _mla_decode,

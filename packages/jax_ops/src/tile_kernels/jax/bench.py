@@ -151,6 +151,14 @@ def matmul(a, b, bias=None, activation=None, residual=None):
     return (y if residual is None else y + residual.astype(jnp.float32)).astype(a.dtype)
 
 
+def fp8_matmul(a, a_scales, b, b_scales, out_dtype="bfloat16"):
+    """a and b dequantized (code x its block's scale, in float32) to out_dtype, then XLA's dot (fp32 accumulation)."""
+    wa = jnp.repeat(a_scales, 128, axis=1) * a.astype(jnp.float32)
+    wb = jnp.repeat(jnp.repeat(b_scales, 128, axis=0), 128, axis=1) * b.astype(jnp.float32)
+    y = jnp.matmul(wa.astype(out_dtype), wb.astype(out_dtype).T, preferred_element_type=jnp.float32)
+    return y.astype(out_dtype)
+
+
 def grouped_matmul(x, weights, group_sizes):
     """XLA's ragged_dot (fp32 accumulation), rounded once."""
     return jax.lax.ragged_dot(x, weights, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
@@ -188,7 +196,8 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 
 REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                      fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
-                                     decode_attention, dequant_matmul, matmul, grouped_matmul, mla_decode)}  # fmt: skip
+                                     decode_attention, dequant_matmul, matmul, fp8_matmul, grouped_matmul,
+                                     mla_decode)}  # fmt: skip
 
 
 def _pallas(op: str):

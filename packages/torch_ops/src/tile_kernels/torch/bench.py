@@ -144,6 +144,32 @@ def matmul(a, b, bias=None, activation=None, residual=None):
     return y if residual is None else y + residual
 
 
+def fp8_matmul(a, a_scales, b, b_scales, out_dtype="bfloat16"):
+    """a and b dequantized (code x its block's scale, in float32) to out_dtype on every call, then cuBLAS."""
+    dtype = getattr(torch, out_dtype)
+    wa = (a.float().unflatten(1, (-1, 128)) * a_scales[:, :, None]).flatten(1).to(dtype)
+    wb = (
+        (b.float().unflatten(0, (-1, 128)).unflatten(2, (-1, 128)) * b_scales[:, None, :, None])
+        .flatten(2)
+        .flatten(0, 1)
+    )
+    return wa @ wb.to(dtype).t()
+
+
+def _scaled_mm(block_scales: bool):
+    """torch._scaled_mm (cuBLAS FP8): with the op's block scales (a_scales column-major, as cuBLAS reads them), or
+    with per-tensor scales of 1 (the same products, coarser scaling: the FP8 GEMM ceiling)."""
+
+    def scaled_mm(a, a_scales, b, b_scales, out_dtype="bfloat16"):
+        if block_scales:
+            sa, sb = a_scales.t().contiguous().t(), b_scales.t()
+        else:
+            sa = sb = torch.ones((), device=a.device)
+        return torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=getattr(torch, out_dtype))
+
+    return scaled_mm
+
+
 def grouped_matmul(x, weights, group_sizes):
     """One cuBLAS GEMM per expert over its rows (the sizes read on the host); rows past the sizes' sum 0."""
     out = x.new_zeros(x.shape[0], weights.shape[2])
@@ -184,7 +210,8 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 
 EAGER = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                   fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
-                                  decode_attention, dequant_matmul, matmul, grouped_matmul, mla_decode)}  # fmt: skip
+                                  decode_attention, dequant_matmul, matmul, fp8_matmul, grouped_matmul,
+                                  mla_decode)}  # fmt: skip
 
 
 # Peers left out of torch.compile: Inductor's code for the padded varlen peer raised a device-side assert at the
@@ -273,7 +300,7 @@ def _liger(op: str):
 def _tensor(a, device):
     if not isinstance(a, (np.ndarray, np.generic)):
         return a
-    host = a.astype(np.float32) if a.dtype.name == "bfloat16" else a
+    host = a.astype(np.float32) if a.dtype.name in ("bfloat16", "float8_e4m3fn") else a
     return torch.from_numpy(np.ascontiguousarray(host)).to(device, getattr(torch, a.dtype.name))
 
 
@@ -394,6 +421,9 @@ class Provider:
             impls["torch._grouped_mm"] = lambda x, weights, group_sizes: torch._grouped_mm(
                 x, weights, offs=group_sizes.cumsum(0, dtype=torch.int32)
             )
+        if op == "fp8_matmul":
+            impls |= {"torch._scaled_mm (block scales)": _scaled_mm(True),
+                      "torch._scaled_mm (per-tensor scales)": _scaled_mm(False)}  # fmt: skip
         if op == "dequant_matmul":  # the anchor: cuBLAS on the weight dequantized once, in a's dtype
             impls["torch.mm (dequantized weight)"] = _dequantized_once
         if op == "flash_attention_varlen":  # the benchmark's sequences have one length: the same work as a batch

@@ -1,0 +1,47 @@
+"""torch adapter of tile_kernels.core.fp8_matmul: op tile_kernels::fp8_matmul_fwd (no autograd)."""
+
+from __future__ import annotations
+
+import torch
+
+from tile_kernels.core import fp8_matmul as core
+
+from ._runtime import eager_op, executor, register_public_op, target, unit_last, validated
+
+
+def _fwd(
+    a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor, out_dtype: str
+) -> torch.Tensor:
+    """Returns (M, N) in out_dtype. a and b are read at their row strides, a_scales row- or column-major in place."""
+    a, b, b_scales = unit_last(a), unit_last(b), b_scales.contiguous()
+    (m, k), n = a.shape, b.shape[0]
+    strides = None
+    if m > 1 and k > core.BLOCK and a_scales.stride(1) != 1:  # column-major (or strided) scales: read in place
+        strides = tuple(a_scales.stride())
+    elif a_scales.stride(-1) != 1 or a_scales.stride(0) != k // core.BLOCK:
+        a_scales = a_scales.contiguous()
+    run = executor(core.forward, m, n, k, out_dtype=out_dtype, target=target(a.device), lda=a.stride(0) if m > 1 else k,
+                   ldb=b.stride(0) if n > 1 else k, a_scales_strides=strides)  # fmt: skip
+    return run(a, a_scales, b, b_scales, device=a.device)[0]
+
+
+fp8_matmul_fwd = eager_op("fp8_matmul_fwd", _fwd)
+
+
+def fp8_matmul(
+    a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+    out_dtype: torch.dtype | str | None = torch.bfloat16,
+) -> torch.Tensor:  # fmt: skip
+    """Block-scaled FP8 GEMM (DeepSeek-V3 layout): out[m, n] = sum_k a[m, k] a_scales[m, k // 128] b[n, k]
+    b_scales[n // 128, k // 128]. a (M, K) and b (N, K) float8_e4m3fn (b a Linear weight's layout), a_scales
+    (M, K / 128) float32 (row- or column-major), b_scales (N / 128, K / 128) float32; K and N multiples of 128.
+    Returns (M, N) in out_dtype (bfloat16 default, float16, float32). Not differentiable."""
+    out_dtype = core.out_dtype_name(torch.bfloat16 if out_dtype is None else out_dtype)
+    validated(core.NAME, core.check, ("a", "a_scales", "b", "b_scales", None), a, a_scales, b, b_scales, out_dtype)
+    return fp8_matmul_fwd(a, a_scales, b, b_scales, out_dtype)
+
+
+register_public_op(
+    "fp8_matmul(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, ScalarType? out_dtype=None) -> Tensor",
+    fp8_matmul,
+)
