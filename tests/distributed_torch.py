@@ -54,6 +54,10 @@ def _tensor(a: np.ndarray, device) -> torch.Tensor:
 
 
 def _np(t) -> np.ndarray:
+    if isinstance(t, DTensor) and t.dtype == torch.float8_e4m3fn:  # gathered as bytes, as _distribute scatters
+        local = t.to_local().view(torch.uint8)
+        t = DTensor.from_local(local, t.device_mesh, t.placements, shape=t.shape, stride=t.stride()).full_tensor()
+        t = t.view(torch.float8_e4m3fn)
     t = t.full_tensor() if isinstance(t, DTensor) else t
     return t.detach().to("cpu", torch.float64).numpy()
 

@@ -19,7 +19,14 @@ from tile_kernels.core import sharding as rules
 
 # ops whose JAX adapter runs vmapped problems one after another (lax.map: GEMM-bound problems gain nothing from one
 # launch): lax.map needs the vmapped axis whole, so vmap over a sharded axis is not distributed for them
-SEQUENTIAL_VMAP = {"dequant_matmul", "fp8_matmul", "fused_linear_cross_entropy", "grouped_matmul", "matmul"}
+SEQUENTIAL_VMAP = {
+    "dequant_matmul",
+    "fp8_matmul",
+    "fp8_quantize",
+    "fused_linear_cross_entropy",
+    "grouped_matmul",
+    "matmul",
+}
 # ops whose sharded JAX checks deadlock in interpret mode on a CPU: the four host-device callbacks are entered before
 # their (gathered) operands are ready and block reading them, or a device's callback misses a collective's
 # rendezvous (JAX's CPU runtime, 4 host devices on 2 cores). GPUs run no host callback. Reported as skipped, not run.

@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     flash_attention,
     flash_attention_varlen,
     fp8_matmul,
+    fp8_quantize,
     fused_linear_cross_entropy,
     grouped_matmul,
     layer_norm,

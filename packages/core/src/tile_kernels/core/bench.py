@@ -40,6 +40,7 @@ OPTIONS = {
     "mla_decode": {"paged": True, "page_size": 64},
     "dequant_matmul": {"zeros": False, "group_size": 128},
     "matmul": {"bias": False, "activation": None, "residual": False},
+    "fp8_quantize": {"block_rows": 1},
 }
 # Variants of OPTIONS benchmarked as separate cases, named by a tag after the shape.
 VARIANTS = {

@@ -14,7 +14,7 @@ block. BLOCK_N <= 128 so that a tile's columns share one b scale block. Rows and
 one (clamped) and are never stored; K needs no mask.
 Design limits: e4m3 products need NVIDIA sm_89+ (Ada, Hopper, Blackwell) or the CPU interpreter; no TMA, no
 persistent scheduler, no split of K, no TileLang kernel yet; the quantization that produces a and a_scales is the
-caller's (`quantize` below states it, NumPy).
+caller's: fp8_quantize.
 """
 
 from __future__ import annotations
@@ -26,14 +26,12 @@ import triton
 import triton.language as tl
 
 from . import checks
+from .fp8_quantize import BLOCK, FP8, e4m3_target, quantize, require_e4m3
 from .matmul import GROUP_M, grouped_tile
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, in_units
 from .registry import BadInput, Cost, OpInfo, gemm_dims, not_arrays, register
 
 NAME = "fp8_matmul"
-FP8 = "float8_e4m3fn"
-BLOCK = 128  # the scale block along K (and along N for b)
-E4M3_MAX = 448.0
 
 
 @triton.jit
@@ -122,9 +120,7 @@ def forward(m: int, n: int, k: int, *, out_dtype: str, target: Target, lda: int 
     """Inputs a (M, K) and b (N, K) row-major at row strides lda / ldb (None: compact), a_scales (M, K / 128) at
     a_scales_strides (None: row-major), b_scales (N / 128, K / 128) compact. Output out (M, N) compact in out_dtype
     (zeros when K = 0)."""
-    if target.cuda_arch and target.cuda_arch < 89:
-        raise RuntimeError(f"{NAME}: e4m3 products need an NVIDIA GPU of compute capability 8.9 or newer, got "
-                         f"{target.cuda_arch // 10}.{target.cuda_arch % 10}")  # fmt: skip
+    require_e4m3(NAME, target)
     inputs = {"a": FP8, "a_scales": "float32", "b": FP8, "b_scales": "float32"}
     buffers = {"out": BufferSpec((m, n), out_dtype, zeroed=not (m and n and k))}
     if not (m and n and k):
@@ -139,21 +135,7 @@ def forward(m: int, n: int, k: int, *, out_dtype: str, target: Target, lda: int 
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# quantization, reference, cost, samples
-
-
-def quantize(x: np.ndarray, block_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """x (R, K) -> (e4m3 codes (R, K), float32 scales (R / block_rows, K / 128)): each block_rows x 128 block
-    scaled by amax / 448 (1 for an all-zero block) into e4m3's range, rounded to nearest. block_rows 1 gives a's
-    per-token scales, 128 b's per-tile scales."""
-    import ml_dtypes
-
-    r, k = x.shape
-    blocks_ = x.reshape(r // block_rows, block_rows, k // BLOCK, BLOCK)
-    amax = np.abs(blocks_).max(axis=(1, 3))
-    scales = np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32)
-    codes = blocks_ / scales[:, None, :, None].astype(np.float64)
-    return codes.reshape(r, k).astype(ml_dtypes.float8_e4m3fn), scales
+# reference, cost, samples
 
 
 def _dequantized(codes: np.ndarray, scales: np.ndarray, block_rows: int) -> np.ndarray:
@@ -182,7 +164,7 @@ def sample(rng: np.random.Generator, shape, dtype: str) -> dict:
     """out_dtype = dtype. (M, K, N) as registry.gemm_dims gives them when they are multiples of 128 (a benchmark's
     shape); else M = the product of the leading dims, N = 0, 128 or 256 after the last dim (0, up to 128, more), K
     one to three blocks (rarely 0). Normal values with each scale block multiplied by a random power of 2 (scales
-    that differ by block, so a misplaced scale shows), quantized as `quantize` does."""
+    that differ by block, so a misplaced scale shows), quantized by fp8_quantize."""
     m, k, n = gemm_dims(shape)
     if k is None or k % BLOCK or n % BLOCK:
         n = BLOCK * min(2, cdiv(tuple(shape)[-1], BLOCK))
@@ -216,9 +198,8 @@ def bad_inputs(kwargs) -> list[BadInput]:
 
 def plans(target: Target):
     """bfloat16 and float32 outputs at decode (M 1, 16), mid (64) and prefill (4096) sizes of a 4096 x 4096 weight,
-    the prefill one with column-major a_scales; none below sm_89 (no e4m3 products) or on wavefront-64 targets
-    (AMD's e4m3 before gfx950 is the fnuz variant)."""
-    if (target.cuda_arch and target.cuda_arch < 89) or target.warp_size == 64:
+    the prefill one with column-major a_scales, on e4m3 targets (fp8_quantize.e4m3_target)."""
+    if not e4m3_target(target):
         return
     for out_dtype in ("bfloat16", "float32"):
         for m in (1, 16, 64, 4096):

@@ -253,6 +253,12 @@ def _fp8_matmul_fwd() -> Kernel:
     return Kernel(args, {"out": "m n"}, ("m",))
 
 
+def _fp8_quantize_fwd(block_rows: int = 1) -> Kernel:
+    """Rows with per-row scales (block_rows 1); 128-row blocks stay whole (their scales' rows are not x's)."""
+    scales = "m j" if block_rows == 1 else "i j"
+    return Kernel({"x": "m k"}, {"codes": "m k", "scales": scales}, ("m",) if block_rows == 1 else ())
+
+
 # grouped_matmul: group_sizes counts global rows, so the rows stay whole; N (the weights' and the output's columns)
 # splits, dx then the devices' partial sums over it
 def _grouped_matmul_fwd() -> Kernel:
@@ -290,6 +296,7 @@ KERNELS: dict[str, Callable[..., Kernel]] = {
     "dequant_matmul_fwd": _dequant_matmul_fwd,
     "matmul_fwd": _matmul_fwd,
     "fp8_matmul_fwd": _fp8_matmul_fwd,
+    "fp8_quantize_fwd": _fp8_quantize_fwd,
     "grouped_matmul_fwd": _grouped_matmul_fwd,
     "grouped_matmul_bwd": _grouped_matmul_bwd,
     "mla_decode_fwd": _mla_decode_fwd,
@@ -341,6 +348,7 @@ RULES: dict[str, Callable[[Mapping[str, Any]], Split]] = {
     "decode_attention": _decode_attention,
     "dequant_matmul": lambda kwargs: _public(_dequant_matmul_fwd(_given(kwargs, "zeros")), "out"),
     "fp8_matmul": lambda kwargs: _public(_fp8_matmul_fwd(), "out"),
+    "fp8_quantize": lambda kwargs: _public(_fp8_quantize_fwd(kwargs.get("block_rows", 1)), "codes", "scales"),
     "grouped_matmul": lambda kwargs: _public(_grouped_matmul_fwd(), "out"),
     "matmul": lambda kwargs: _public(_matmul_fwd(_given(kwargs, "bias"), _given(kwargs, "residual")), "out"),
     "mla_decode": _mla_decode,

@@ -10,6 +10,7 @@ from .dequant_matmul import dequant_matmul
 from .flash_attention import flash_attention
 from .flash_attention_varlen import flash_attention_varlen
 from .fp8_matmul import fp8_matmul
+from .fp8_quantize import fp8_quantize
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
 from .grouped_matmul import grouped_matmul
 from .matmul import matmul
@@ -21,6 +22,6 @@ from .swiglu import swiglu
 
 __all__ = [
     "apply_rotary", "cross_entropy", "decode_attention", "dequant_matmul", "flash_attention", "flash_attention_varlen",
-    "fp8_matmul", "fused_linear_cross_entropy", "grouped_matmul", "layer_norm", "matmul", "mla_decode", "rms_norm",
-    "softmax", "swiglu",
+    "fp8_matmul", "fp8_quantize", "fused_linear_cross_entropy", "grouped_matmul", "layer_norm", "matmul", "mla_decode",
+    "rms_norm", "softmax", "swiglu",
 ]  # fmt: skip

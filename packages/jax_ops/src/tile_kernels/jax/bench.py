@@ -159,6 +159,15 @@ def fp8_matmul(a, a_scales, b, b_scales, out_dtype="bfloat16"):
     return y.astype(out_dtype)
 
 
+def fp8_quantize(x, block_rows=1):
+    """amax per block, scale = amax / 448 (1 for zeros), codes x / scale cast to e4m3, in float32."""
+    r, k = x.shape
+    blocks = x.astype(jnp.float32).reshape(r // block_rows, block_rows, k // 128, 128)
+    amax = jnp.abs(blocks).max(axis=(1, 3))
+    scales = jnp.where(amax > 0, amax / 448.0, 1.0)
+    return (blocks / scales[:, None, :, None]).reshape(r, k).astype(jnp.float8_e4m3fn), scales
+
+
 def grouped_matmul(x, weights, group_sizes):
     """XLA's ragged_dot (fp32 accumulation), rounded once."""
     return jax.lax.ragged_dot(x, weights, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
@@ -196,8 +205,8 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 
 REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                      fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
-                                     decode_attention, dequant_matmul, matmul, fp8_matmul, grouped_matmul,
-                                     mla_decode)}  # fmt: skip
+                                     decode_attention, dequant_matmul, matmul, fp8_matmul, fp8_quantize,
+                                     grouped_matmul, mla_decode)}  # fmt: skip
 
 
 def _pallas(op: str):

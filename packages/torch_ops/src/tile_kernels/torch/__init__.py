@@ -11,6 +11,7 @@ from .dequant_matmul import dequant_matmul, dequant_matmul_fwd
 from .flash_attention import flash_attention, flash_attention_bwd, flash_attention_fwd
 from .flash_attention_varlen import flash_attention_varlen, flash_attention_varlen_bwd, flash_attention_varlen_fwd
 from .fp8_matmul import fp8_matmul, fp8_matmul_fwd
+from .fp8_quantize import fp8_quantize, fp8_quantize_fwd
 from .fused_linear_cross_entropy import (
     fused_linear_cross_entropy,
     fused_linear_cross_entropy_bwd,
@@ -32,6 +33,7 @@ __all__ = [
     "apply_rotary", "apply_rotary_bwd", "apply_rotary_fwd", "apply_to", "cross_entropy", "cross_entropy_bwd",
     "cross_entropy_fwd", "decode_attention", "decode_attention_fwd", "dequant_matmul", "dequant_matmul_fwd",
     "flash_attention", "flash_attention_bwd", "flash_attention_fwd", "fp8_matmul", "fp8_matmul_fwd",
+    "fp8_quantize", "fp8_quantize_fwd",
     "flash_attention_varlen", "flash_attention_varlen_bwd", "flash_attention_varlen_fwd",
     "fused_linear_cross_entropy", "fused_linear_cross_entropy_bwd", "fused_linear_cross_entropy_fwd",
     "fused_linear_cross_entropy_scale_", "grouped_matmul", "grouped_matmul_bwd", "grouped_matmul_fwd",

@@ -106,6 +106,7 @@ _OPTIONS = {
     ),
     "dequant_matmul_fwd": _given("zeros"),
     "matmul_fwd": _given("bias", "residual"),
+    "fp8_quantize_fwd": _values("block_rows"),
     "mla_decode_fwd": lambda args: dict(paged=args["block_table"] is not None),
 }
 

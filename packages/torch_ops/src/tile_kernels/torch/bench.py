@@ -156,6 +156,14 @@ def fp8_matmul(a, a_scales, b, b_scales, out_dtype="bfloat16"):
     return wa @ wb.to(dtype).t()
 
 
+def fp8_quantize(x, block_rows=1):
+    """amax per block, scale = amax / 448 (1 for zeros), codes x / scale cast to e4m3, in float32."""
+    blocks = x.float().unflatten(0, (-1, block_rows)).unflatten(2, (-1, 128))
+    amax = blocks.abs().amax(dim=(1, 3))
+    scales = torch.where(amax > 0, amax / 448.0, 1.0)
+    return (blocks / scales[:, None, :, None]).flatten(2).flatten(0, 1).to(torch.float8_e4m3fn), scales
+
+
 def _scaled_mm(block_scales: bool):
     """torch._scaled_mm (cuBLAS FP8): with the op's block scales (a_scales column-major, as cuBLAS reads them), or
     with per-tensor scales of 1 (the same products, coarser scaling: the FP8 GEMM ceiling)."""
@@ -210,8 +218,8 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 
 EAGER = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                   fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
-                                  decode_attention, dequant_matmul, matmul, fp8_matmul, grouped_matmul,
-                                  mla_decode)}  # fmt: skip
+                                  decode_attention, dequant_matmul, matmul, fp8_matmul, fp8_quantize,
+                                  grouped_matmul, mla_decode)}  # fmt: skip
 
 
 # Peers left out of torch.compile: Inductor's code for the padded varlen peer raised a device-side assert at the

@@ -1,0 +1,197 @@
+"""FP8 block quantization, the cast that feeds fp8_matmul: fp8_quantize(x, block_rows=1) -> (codes, scales).
+
+x (R, K) in float32 / float16 / bfloat16, K a multiple of 128, R of block_rows (1: per token and 128 channels, an
+activation's blocks; 128: 128 x 128 blocks, a weight's). Each block's scale is amax / 448 in float32 (448: e4m3's
+largest magnitude; 1 for an all-zero block), and its codes x / scale rounded to the nearest e4m3:
+
+    scales[i, j] = max |x[block (i, j)]| / 448      codes[r, k] = rne_e4m3(x[r, k] / scales[r // block_rows, k // 128])
+
+Returns codes (R, K) float8_e4m3fn and scales (R / block_rows, K / 128) float32: fp8_matmul's a and a_scales
+(block_rows 1) or b and b_scales (block_rows 128). Both divisions are IEEE round-to-nearest (div_rn) and the e4m3
+rounding is done in float32 arithmetic, so a GPU, the interpreter and the NumPy reference give the same bits. Not
+differentiable.
+
+fp8_quantize_kernel: grid (cdiv(R, BLOCK_R), K / 128), a (BLOCK_R, 128) tile a program: 32 rows of per-row scales,
+or one whole 128 x 128 block. Design limits: no fusion into the op that produces x yet (rms_norm, swiglu).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import triton
+import triton.language as tl
+
+from . import checks
+from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units
+from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
+
+NAME = "fp8_quantize"
+FP8 = "float8_e4m3fn"
+BLOCK = 128  # the block's width along K
+E4M3_MAX = 448.0
+BLOCK_ROWS = (128, 1)
+
+
+def e4m3_target(target: Target) -> bool:
+    """Whether Triton has e4m3 (float8e4nv) on `target`: NVIDIA sm_89+ and the interpreter; not AMD's wavefront-64
+    targets (their e4m3 before gfx950 is the fnuz variant), which the plans leave out."""
+    return not (target.cuda_arch and target.cuda_arch < 89) and target.warp_size != 64
+
+
+def require_e4m3(op: str, target: Target) -> None:
+    if target.cuda_arch and target.cuda_arch < 89:
+        raise RuntimeError(f"{op}: e4m3 needs an NVIDIA GPU of compute capability 8.9 or newer, got "
+                           f"{target.cuda_arch // 10}.{target.cuda_arch % 10}")  # fmt: skip
+
+
+@triton.jit
+def _round_to_e4m3(v):
+    """v (float32, |v| <= 448) rounded to the nearest e4m3 value, ties to even, as float32: the step of v's binade is
+    2^(max(e, -6) - 3) (3 mantissa bits; subnormals below 2^-6), and |v| / step is rounded to an integer by adding
+    and subtracting 1.5 * 2^23, the sign put back. Done in float32 so that every backend gives the same bits
+    (Triton's interpreter rounds float32 -> e4m3 without carrying into the exponent); the cast to e4m3 is then
+    exact."""
+    bits = v.to(tl.int32, bitcast=True)
+    step_exp = tl.maximum(((bits >> 23) & 0xFF) - 127, -6) - 3
+    step = ((step_exp + 127) << 23).to(tl.float32, bitcast=True)
+    inverse = ((127 - step_exp) << 23).to(tl.float32, bitcast=True)
+    magnitude = ((tl.abs(v) * inverse + 12582912.0) - 12582912.0) * step
+    return tl.where(bits < 0, -magnitude, magnitude)  # the sign bit kept: -0 and tiny negatives give -0
+
+
+@triton.jit
+def fp8_quantize_kernel(
+    X, R, K, ldx,
+    CODES, SCALES,
+    BLOCK_R: tl.constexpr, BLOCK_ROWS: tl.constexpr, UNIT: tl.constexpr,
+):  # fmt: skip
+    """x[r, k] at X + r ldx + k; CODES (R, K) and SCALES (R / BLOCK_ROWS, K / 128) compact."""
+    K, ldx = K * UNIT, ldx * UNIT  # plan.in_units
+    row0, j = tl.program_id(0) * BLOCK_R, tl.program_id(1)
+    rr, kk = tl.arange(0, BLOCK_R), tl.arange(0, 128)
+    row_ok = (rr < R - row0)[:, None]
+    x = tl.load(X + row0.to(tl.int64) * ldx + rr[:, None] * ldx + j * 128 + kk[None, :], mask=row_ok, other=0.0)
+    x = x.to(tl.float32)
+    if BLOCK_ROWS == 1:
+        amax = tl.max(tl.abs(x), axis=1)
+        scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+        tl.store(SCALES + (row0 + rr).to(tl.int64) * (K // 128) + j, scale, mask=rr < R - row0)
+        codes = _round_to_e4m3(tl.math.div_rn(x, scale[:, None]))
+    else:  # BLOCK_R == BLOCK_ROWS: the tile is one block
+        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+        scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+        tl.store(SCALES + tl.program_id(0).to(tl.int64) * (K // 128) + j, scale)
+        codes = _round_to_e4m3(tl.math.div_rn(x, scale))
+    out = CODES + row0.to(tl.int64) * K + rr[:, None] * K + j * 128 + kk[None, :]
+    tl.store(out, codes.to(CODES.dtype.element_ty), mask=row_ok)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# validation, plans
+
+
+def check(x, block_rows=1) -> None:
+    checks.check_float(NAME, "x", x)
+    if block_rows not in BLOCK_ROWS:
+        raise ValueError(f"{NAME}: block_rows must be one of {BLOCK_ROWS}, got {block_rows!r}")
+    if len(x.shape) != 2 or x.shape[1] % BLOCK or x.shape[0] % block_rows:
+        raise ValueError(f"{NAME}: x must be 2-D (R, K) with K a multiple of {BLOCK} and R of block_rows "
+                         f"({block_rows}), got shape {tuple(x.shape)}")  # fmt: skip
+
+
+def forward(r: int, k: int, *, dtype: str, target: Target, block_rows: int = 1, ldx: int | None = None) -> Plan:
+    """Input x (R, K) row-major at row stride ldx (None: compact). Outputs codes (R, K) float8_e4m3fn and scales
+    (R / block_rows, K / 128) float32, compact."""
+    require_e4m3(NAME, target)
+    empty = not (r and k)  # nothing to launch: the (empty) outputs count as zeroed
+    buffers = {"codes": BufferSpec((r, k), FP8, zeroed=empty),
+               "scales": BufferSpec((r // block_rows, k // BLOCK), "float32", zeroed=empty)}  # fmt: skip
+    if empty:
+        return Plan({"x": dtype}, buffers, (), ("codes", "scales"))
+    block_r, warps = (32, 4) if block_rows == 1 else (BLOCK, 8)
+    grid = (cdiv(r, block_r), k // BLOCK)
+    constexprs = dict(BLOCK_R=block_r, BLOCK_ROWS=block_rows)
+    launch = Launch(fp8_quantize_kernel, grid, ("x", r, k, ldx or k), ("codes", "scales"), constexprs, warps, 1)
+    return Plan({"x": dtype}, buffers, (in_units(launch, "K", "ldx", units=(16,)),), ("codes", "scales"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# reference, cost, samples
+
+
+def quantize(x: np.ndarray, block_rows: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The op in NumPy, bit for bit: (codes (R, K) as ml_dtypes.float8_e4m3fn, scales float32)."""
+    import ml_dtypes
+
+    r, k = x.shape
+    blocks = x.astype(np.float32).reshape(r // block_rows, block_rows, k // BLOCK, BLOCK)
+    amax = np.abs(blocks).max(axis=(1, 3))
+    scales = np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1.0)).astype(np.float32)
+    codes = (blocks / scales[:, None, :, None]).astype(np.float32)
+    return codes.reshape(r, k).astype(ml_dtypes.float8_e4m3fn), scales
+
+
+def reference(x, block_rows=1):
+    codes, scales = quantize(x, block_rows)
+    return codes.astype(np.float64), scales.astype(np.float64)
+
+
+def reference_vjp(kwargs, cotangents):
+    return {}
+
+
+def cost(kwargs) -> tuple[Cost, Cost]:
+    """bytes: x read once, the codes and the scales written."""
+    x = kwargs["x"]
+    return Cost(x.size * (ITEMSIZE[str(x.dtype)] + 1) + 4 * x.size // (BLOCK * kwargs["block_rows"]), 0), Cost(0, 0)
+
+
+def sample(rng: np.random.Generator, shape, dtype: str, block_rows: int = 1) -> dict:
+    """x (R, K): R the product of the leading dims (rounded up to block_rows), K the last dim rounded up to a
+    multiple of 128 (at most 3 blocks for a test's width; a benchmark's (R, K) with K >= 1024 as it is). Normal values
+    with each block multiplied by a random power of 2 (scales that differ by block) and one block in 8 all zero."""
+    shape = tuple(shape)
+    r, k = int(np.prod(shape[:-1])), shape[-1]
+    if not (len(shape) == 2 and k >= 1024 and k % BLOCK == 0):
+        k = BLOCK * min(3, cdiv(k, BLOCK))
+    r = block_rows * cdiv(r, block_rows)
+    blocks = (r // block_rows, k // BLOCK)
+    octaves = 2.0 ** rng.integers(-6, 7, blocks) * (rng.random(blocks) >= 0.125)
+    x = rng.standard_normal((r, k)) * np.repeat(np.repeat(octaves, block_rows, 0), BLOCK, 1)
+    return {"x": round_to(x, dtype), "block_rows": block_rows}
+
+
+def bad_inputs(kwargs) -> list[BadInput]:
+    x = kwargs["x"]
+    return [
+        BadInput({"x": x.astype(np.int32)}, TypeError, f"{NAME}: x must have dtype"),
+        BadInput({"x": x[None]}, ValueError, f"{NAME}: x must be 2-D"),
+        BadInput({"x": x[:, :-1]}, ValueError, f"{NAME}: x must be 2-D .* K a multiple of 128"),
+        BadInput({"x": np.zeros((3, 128), x.dtype), "block_rows": 128}, ValueError, f"{NAME}: x must be 2-D .* R of"),
+        BadInput({"block_rows": 64}, ValueError, f"{NAME}: block_rows must be one of"),
+        *not_arrays(NAME, "x"),
+    ]
+
+
+def plans(target: Target):
+    """Each input dtype and block shape at 4096 x 7168 (DeepSeek-V3's hidden size), on e4m3 targets."""
+    if not e4m3_target(target):
+        return
+    for dtype in ("float32", "float16", "bfloat16"):
+        for block_rows in BLOCK_ROWS:
+            yield forward(4096, 7168, dtype=dtype, target=target, block_rows=block_rows)
+
+
+INFO = register(
+    OpInfo(
+        name=NAME,
+        sample=sample,
+        options={"block_rows": BLOCK_ROWS},
+        reference=reference,
+        reference_vjp=reference_vjp,
+        grad_args=(),
+        cost=cost,
+        bad_inputs=bad_inputs,
+        plans=plans,
+    )
+)
