@@ -26,6 +26,9 @@ SEQUENTIAL_VMAP = {
     "fused_linear_cross_entropy",
     "grouped_matmul",
     "matmul",
+    "moe_permute",
+    "moe_route",
+    "moe_unpermute",
 }
 # ops whose sharded JAX checks deadlock in interpret mode on a CPU: the four host-device callbacks are entered before
 # their (gathered) operands are ready and block reading them, or a device's callback misses a collective's
@@ -95,6 +98,12 @@ def cases(op: str, devices: int) -> list[Case]:
         if first and whole:
             out.append(Case(op, f"{tag}|{whole[0]} (whole)", kwargs, rule, {whole[0]: "x"}, whole=True))
     return out
+
+
+def splits_nothing(op: str) -> bool:
+    """The op's rule lets no factor split (moe_route's global sort): only its gathered (whole) cases run."""
+    kwargs = REGISTRY[op].sample(np.random.default_rng(0), SHAPES.get(op, SHAPE), "float32")
+    return not rules.rule(op, kwargs).split
 
 
 def mesh_shape(case: Case, devices: int) -> dict:

@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     layer_norm,
     matmul,
     mla_decode,
+    moe,
     rms_norm,
     rotary,
     softmax,

@@ -41,6 +41,10 @@ OPTIONS = {
     "dequant_matmul": {"zeros": False, "group_size": 128},
     "matmul": {"bias": False, "activation": None, "residual": False},
     "fp8_quantize": {"block_rows": 1},
+    # DeepSeek-V3's routing: 8 of 256 experts (bf16 gates)
+    "moe_route": {"topk": 8, "experts": 256},
+    "moe_permute": {"topk": 8, "experts": 256},
+    "moe_unpermute": {"topk": 8, "experts": 256, "fp32_weights": False},
 }
 # Variants of OPTIONS benchmarked as separate cases, named by a tag after the shape.
 VARIANTS = {

@@ -259,6 +259,29 @@ def _fp8_quantize_fwd(block_rows: int = 1) -> Kernel:
     return Kernel({"x": "m k"}, {"codes": "m k", "scales": scales}, ("m",) if block_rows == 1 else ())
 
 
+# MoE routing: positions index rows of the whole batch (T k of them), so tokens stay whole; the feature dim d splits
+# (the gates' gradient then the devices' partial sums over it). The route itself stays whole.
+def _moe_route_fwd() -> Kernel:
+    return Kernel({"expert_ids": "t j"}, {"positions": "t j", "group_sizes": "e"}, ())
+
+
+def _moe_permute_fwd() -> Kernel:
+    return Kernel({"x": "t d", "positions": "t j"}, {"xs": "s d"}, ("d",))
+
+
+def _moe_permute_bwd() -> Kernel:
+    return Kernel({"dxs": "s d", "positions": "t j"}, {"dx": "t d"}, ("d",))
+
+
+def _moe_unpermute_fwd() -> Kernel:
+    return Kernel({"ys": "s d", "positions": "t j", "weights": "t j"}, {"out": "t d"}, ("d",))
+
+
+def _moe_unpermute_bwd() -> Kernel:
+    args = {"dout": "t d", "ys": "s d", "positions": "t j", "weights": "t j"}
+    return Kernel(args, {"dys": "s d", "dweights": "t j"}, ("d",))
+
+
 # grouped_matmul: group_sizes counts global rows, so the rows stay whole; N (the weights' and the output's columns)
 # splits, dx then the devices' partial sums over it
 def _grouped_matmul_fwd() -> Kernel:
@@ -300,6 +323,11 @@ KERNELS: dict[str, Callable[..., Kernel]] = {
     "grouped_matmul_fwd": _grouped_matmul_fwd,
     "grouped_matmul_bwd": _grouped_matmul_bwd,
     "mla_decode_fwd": _mla_decode_fwd,
+    "moe_route_fwd": _moe_route_fwd,
+    "moe_permute_fwd": _moe_permute_fwd,
+    "moe_permute_bwd": _moe_permute_bwd,
+    "moe_unpermute_fwd": _moe_unpermute_fwd,
+    "moe_unpermute_bwd": _moe_unpermute_bwd,
 }
 
 # ------------------------------------------------------------------------------------------- public calls' rules
@@ -352,6 +380,9 @@ RULES: dict[str, Callable[[Mapping[str, Any]], Split]] = {
     "grouped_matmul": lambda kwargs: _public(_grouped_matmul_fwd(), "out"),
     "matmul": lambda kwargs: _public(_matmul_fwd(_given(kwargs, "bias"), _given(kwargs, "residual")), "out"),
     "mla_decode": _mla_decode,
+    "moe_route": lambda kwargs: _public(_moe_route_fwd(), "positions", "group_sizes"),
+    "moe_permute": lambda kwargs: _public(_moe_permute_fwd(), "xs"),
+    "moe_unpermute": lambda kwargs: _public(_moe_unpermute_fwd(), "out"),
     "cross_entropy": lambda kwargs: _public(_cross_entropy_fwd(kwargs.get("reduction", "mean")), "loss"),
     "fused_linear_cross_entropy": lambda kwargs: _public(
         _fused_linear_cross_entropy_fwd(kwargs.get("reduction", "mean")), "loss"

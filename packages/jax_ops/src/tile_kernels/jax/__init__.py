@@ -15,6 +15,7 @@ from .fused_linear_cross_entropy import fused_linear_cross_entropy
 from .grouped_matmul import grouped_matmul
 from .matmul import matmul
 from .mla_decode import mla_decode
+from .moe import moe_permute, moe_route, moe_unpermute
 from .norms import layer_norm, rms_norm
 from .rotary import apply_rotary
 from .softmax import softmax
@@ -23,5 +24,5 @@ from .swiglu import swiglu
 __all__ = [
     "apply_rotary", "cross_entropy", "decode_attention", "dequant_matmul", "flash_attention", "flash_attention_varlen",
     "fp8_matmul", "fp8_quantize", "fused_linear_cross_entropy", "grouped_matmul", "layer_norm", "matmul", "mla_decode",
-    "rms_norm", "softmax", "swiglu",
+    "moe_permute", "moe_route", "moe_unpermute", "rms_norm", "softmax", "swiglu",
 ]  # fmt: skip

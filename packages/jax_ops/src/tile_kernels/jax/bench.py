@@ -168,6 +168,30 @@ def fp8_quantize(x, block_rows=1):
     return (blocks / scales[:, None, :, None]).reshape(r, k).astype(jnp.float8_e4m3fn), scales
 
 
+def moe_route(expert_ids, num_experts):
+    """A stable argsort of the choices by expert (dropped ones keyed past the last expert), bincount."""
+    ids = expert_ids.reshape(-1)
+    key = jnp.where((ids >= 0) & (ids < num_experts), ids, num_experts)
+    order = jnp.argsort(key, stable=True)
+    positions = jnp.zeros_like(ids).at[order].set(jnp.arange(ids.size, dtype=ids.dtype))
+    positions = jnp.where(key < num_experts, positions, -1).reshape(expert_ids.shape)
+    return positions, jnp.bincount(key, length=num_experts + 1)[:num_experts].astype(jnp.int32)
+
+
+def moe_permute(x, positions):
+    """Each token's row set at its k positions (dropped ones out of bounds, dropped by the scatter)."""
+    rows = positions.size
+    index = jnp.where(positions >= 0, positions, rows).reshape(-1)
+    return jnp.zeros((rows, x.shape[1]), x.dtype).at[index].set(jnp.repeat(x, positions.shape[1], 0), mode="drop")
+
+
+def moe_unpermute(ys, positions, weights):
+    """The k rows gathered, weighted (dropped ones 0) and summed in float32."""
+    gates = jnp.where(positions >= 0, weights.astype(jnp.float32), 0.0)
+    rows = ys[jnp.maximum(positions, 0)].astype(jnp.float32)
+    return (rows * gates[..., None]).sum(1).astype(ys.dtype)
+
+
 def grouped_matmul(x, weights, group_sizes):
     """XLA's ragged_dot (fp32 accumulation), rounded once."""
     return jax.lax.ragged_dot(x, weights, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
@@ -206,7 +230,7 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                      fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
                                      decode_attention, dequant_matmul, matmul, fp8_matmul, fp8_quantize,
-                                     grouped_matmul, mla_decode)}  # fmt: skip
+                                     grouped_matmul, mla_decode, moe_route, moe_permute, moe_unpermute)}  # fmt: skip
 
 
 def _pallas(op: str):

@@ -22,6 +22,16 @@ from .grouped_matmul import grouped_matmul, grouped_matmul_bwd, grouped_matmul_f
 from .matmul import matmul, matmul_fwd
 from .mla_decode import mla_decode, mla_decode_fwd
 from .models import apply_to
+from .moe import (
+    moe_permute,
+    moe_permute_bwd,
+    moe_permute_fwd,
+    moe_route,
+    moe_route_fwd,
+    moe_unpermute,
+    moe_unpermute_bwd,
+    moe_unpermute_fwd,
+)
 from .norms import layer_norm, layer_norm_bwd, layer_norm_fwd, rms_norm, rms_norm_bwd, rms_norm_fwd
 from .rotary import apply_rotary, apply_rotary_bwd, apply_rotary_fwd
 from .softmax import softmax, softmax_bwd, softmax_fwd
@@ -37,7 +47,9 @@ __all__ = [
     "flash_attention_varlen", "flash_attention_varlen_bwd", "flash_attention_varlen_fwd",
     "fused_linear_cross_entropy", "fused_linear_cross_entropy_bwd", "fused_linear_cross_entropy_fwd",
     "fused_linear_cross_entropy_scale_", "grouped_matmul", "grouped_matmul_bwd", "grouped_matmul_fwd",
-    "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "matmul", "matmul_fwd", "mla_decode", "mla_decode_fwd", "nn",
+    "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "matmul", "matmul_fwd", "mla_decode", "mla_decode_fwd",
+    "moe_permute", "moe_permute_bwd", "moe_permute_fwd", "moe_route", "moe_route_fwd", "moe_unpermute",
+    "moe_unpermute_bwd", "moe_unpermute_fwd", "nn",
     "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
     "softmax", "softmax_bwd", "softmax_fwd", "swiglu", "swiglu_bwd", "swiglu_fwd",
 ]  # fmt: skip

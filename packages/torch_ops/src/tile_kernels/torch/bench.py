@@ -178,6 +178,31 @@ def _scaled_mm(block_scales: bool):
     return scaled_mm
 
 
+def moe_route(expert_ids, num_experts):
+    """A stable torch.sort of the choices by expert (dropped ones keyed past the last expert), bincount."""
+    ids = expert_ids.flatten().long()
+    key = torch.where((ids >= 0) & (ids < num_experts), ids, num_experts)
+    order = torch.sort(key, stable=True).indices
+    positions = torch.empty_like(ids).scatter_(0, order, torch.arange(ids.numel(), device=ids.device))
+    positions = torch.where(key < num_experts, positions, -1).view(expert_ids.shape).int()
+    return positions, torch.bincount(key, minlength=num_experts + 1)[:num_experts].int()
+
+
+def moe_permute(x, positions):
+    """index_put of each token's row at its k positions (dropped ones to a spare last row)."""
+    rows = positions.numel()
+    index = torch.where(positions >= 0, positions, rows).flatten().long()
+    xs = x.new_zeros(rows + 1, x.shape[1]).index_put((index,), x.repeat_interleave(positions.shape[1], 0))
+    return xs[:rows]
+
+
+def moe_unpermute(ys, positions, weights):
+    """The k rows gathered, weighted (dropped ones 0) and summed in float32."""
+    gates = torch.where(positions >= 0, weights.float(), 0.0)
+    rows = ys[positions.clamp(min=0).long()].float()
+    return (rows * gates[..., None]).sum(1).to(ys.dtype)
+
+
 def grouped_matmul(x, weights, group_sizes):
     """One cuBLAS GEMM per expert over its rows (the sizes read on the host); rows past the sizes' sum 0."""
     out = x.new_zeros(x.shape[0], weights.shape[2])
@@ -219,7 +244,7 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 EAGER = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                   fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
                                   decode_attention, dequant_matmul, matmul, fp8_matmul, fp8_quantize,
-                                  grouped_matmul, mla_decode)}  # fmt: skip
+                                  grouped_matmul, mla_decode, moe_route, moe_permute, moe_unpermute)}  # fmt: skip
 
 
 # Peers left out of torch.compile: Inductor's code for the padded varlen peer raised a device-side assert at the
