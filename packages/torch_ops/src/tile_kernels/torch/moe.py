@@ -52,12 +52,16 @@ def _unpermute_bwd(
     return dys, dweights
 
 
+def _save_positions(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])  # x is not needed: its gradient sums the rows it was copied to
+
+
 def _save_inputs(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
 
 def _permute_backward(ctx, dxs):
-    return moe_permute_bwd(dxs, ctx.saved_tensors[1]), None
+    return moe_permute_bwd(dxs, *ctx.saved_tensors), None
 
 
 def _unpermute_backward(ctx, dout):
@@ -67,7 +71,7 @@ def _unpermute_backward(ctx, dout):
 
 moe_route_fwd = eager_op("moe_route_fwd", _route)
 moe_permute_bwd = eager_op("moe_permute_bwd", _permute_bwd)
-moe_permute_fwd = eager_op("moe_permute_fwd", _permute, _save_inputs, _permute_backward)
+moe_permute_fwd = eager_op("moe_permute_fwd", _permute, _save_positions, _permute_backward)
 moe_unpermute_bwd = eager_op("moe_unpermute_bwd", _unpermute_bwd)
 moe_unpermute_fwd = eager_op("moe_unpermute_fwd", _unpermute, _save_inputs, _unpermute_backward)
 
