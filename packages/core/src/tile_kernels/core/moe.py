@@ -18,8 +18,10 @@ moe_permute / moe_unpermute move rows by positions (-1 skipped): scatter_rows_ke
 writes its row to its k places, times a gate where one is given) and gather_rows_kernel (sums the k rows it reads,
 times their gates, in fp32, one rounding). Each is the other's gradient; moe_unpermute's gate gradient dweights[t, j]
 = dout[t] . ys[positions[t, j]] is row_dots_kernel. Rows of xs no choice lands on are 0. Differentiable: moe_permute
-in x, moe_unpermute in ys and weights (float32 or ys's dtype). Design limits: the permute is not fused into
-grouped_matmul's loads (a gather there would save xs's round trip through memory).
+in x, moe_unpermute in ys and weights (float32 or ys's dtype); positions are trusted to come from moe_route (below
+the rows of xs / ys: not checked, a host sync). Design limits: route_offsets_kernel is one program walking the blocks
+twice (2048 blocks of 32 choices at 8192 tokens x 8 of 256 experts; not yet timed on a GPU); the permute is not fused
+into grouped_matmul's loads (a gather there would save xs's round trip through memory).
 """
 
 from __future__ import annotations
