@@ -36,7 +36,7 @@ import triton.language as tl
 
 from . import checks
 from .flash_attention import dot
-from .host import interpreting
+from .host import ieee_dots
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
@@ -302,9 +302,7 @@ def forward(
     sk = tuple(strides_k) if strides_k is not None else compact
     sv = tuple(strides_v) if strides_v is not None else compact
     stride_bt = (seqlen_k // page_size if stride_bt is None else stride_bt) if paged else 0
-    # IEEE dots for float32 (no TF32), and for bfloat16 in Triton's interpreter, whose tl.dot multiplies bfloat16
-    # tiles as their raw 16-bit patterns (triton 3.9): upcast there (exact products, fp32 sums as on the GPU)
-    ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())
+    ieee = ieee_dots(dtype)
     reads = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table" if paged else None, tokens, heads_q, heads_k,
              head_dim, seqlen_k, page_size if paged else seqlen_k, stride_bt, *sq, *sk, *sv,
              default_scale(head_dim) if scale is None else float(scale))  # fmt: skip

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from . import checks
 from .flash_attention import dot
-from .host import interpreting
+from .host import ieee_dots
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv
 from .registry import BadInput, Cost, OpInfo, gemm_dims, not_arrays, register, round_to
 from .rows import sum_partials
@@ -268,7 +268,7 @@ def forward(m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: b
     launches = ()
     if m and n and k:
         b = blocks(m, n, k, group_size, dtype, target)
-        ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())  # see flash_attention._shared
+        ieee = ieee_dots(dtype)
         strides = (k if stride_a is None else stride_a, *(n if s is None else s for s in (stride_qw, stride_s)),
                    (n if stride_z is None else stride_z) if has_zeros else 0)  # fmt: skip
         one_group = group_size % b.block_k == 0

@@ -42,7 +42,7 @@ import triton.language as tl
 
 from . import backends, checks, flash_attention_tilelang
 from .backends import Call
-from .host import interpreting
+from .host import ieee_dots
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
@@ -718,9 +718,7 @@ def _shared(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype, causal
             head_dim, packed), *_strides(strides_v, seqlen_k, heads_k, head_dim, packed), scale,
             float(softcap) or 1.0, left, right]  # fmt: skip
     block_d = max(32, next_power_of_2(head_dim))
-    # IEEE dots for float32 (no TF32), and for bfloat16 in Triton's interpreter, whose tl.dot multiplies bfloat16
-    # tiles as their raw 16-bit patterns (triton 3.9): upcast there (exact products, fp32 sums as on the GPU)
-    ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())
+    ieee = ieee_dots(dtype)
     constexprs = dict(BLOCK_D=block_d, EVEN_D=block_d == head_dim, SOFTCAP=softcap > 0, IEEE=ieee,
                       VARLEN=bool(packed))  # fmt: skip
     return args, constexprs

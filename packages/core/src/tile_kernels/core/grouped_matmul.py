@@ -26,19 +26,13 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .host import interpreting
+from .flash_attention import dot
+from .host import ieee_dots
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
 NAME = "grouped_matmul"
 DTYPES = ("float32", "float16", "bfloat16")
-
-
-@triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr):
-    if IEEE:  # float32 operands at full precision, no TF32
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -81,7 +75,7 @@ def grouped_rows_kernel(
         r_ok = rr < R - r0
         a = tl.load(a_ptrs, mask=row_ok[:, None] & r_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=r_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = _dot(a, b, acc, IEEE)
+        acc += dot(a, b, IEEE)
         a_ptrs += BLOCK_R
         b_ptrs += b_step
     out = OUT + row0.to(tl.int64) * ldo + col0 + rm[:, None] * ldo + cn[None, :]
@@ -115,7 +109,7 @@ def grouped_weight_grad_kernel(
         x_tile, dy_tile = X + t0_64 * ldx, DY + t0_64 * ldy  # int32 offsets within the tile
         xt = tl.load(x_tile + tt[None, :] * ldx + ks[:, None], mask=k_ok[:, None] & t_ok[None, :], other=0.0)  # (K, T)
         dy = tl.load(dy_tile + tt[:, None] * ldy + ns[None, :], mask=t_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = _dot(xt, dy, acc, IEEE)
+        acc += dot(xt, dy, IEEE)
     out = DW + e.to(tl.int64) * K * N + ks[:, None] * N + ns[None, :]
     tl.store(out, acc.to(DW.dtype.element_ty), mask=k_ok[:, None] & n_ok[None, :])
 
@@ -163,7 +157,7 @@ def _rows_launch(a: str, b: str, out: str, t: int, e: int, n: int, r: int, b_col
                  target: Target) -> Launch:  # fmt: skip
     """out (T, N) = a (T, R) @ b_e per group, b_e (R, N) row-major or (N, R) row-major read as its transpose."""
     bl = blocks(t, n, r, dtype, target)
-    ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())  # see flash_attention._shared
+    ieee = ieee_dots(dtype)
     grid = (cdiv(t, bl.block_m) + e, cdiv(n, bl.block_n))
     reads = (a, b, "group_sizes", e, t, n, r, r, r if b_col else n, stride_be, n)
     constexprs = dict(BLOCK_M=bl.block_m, BLOCK_N=bl.block_n, BLOCK_R=bl.block_r, B_COL=b_col, IEEE=ieee)
@@ -193,7 +187,7 @@ def backward(t: int, k: int, n: int, e: int, *, dtype: str, target: Target) -> P
         launches += (_rows_launch("dy", "weights", "dx", t, e, k, n, True, k * n, dtype, target),)
     if k and n and e:
         bl = blocks(k, n, t, dtype, target)
-        ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())
+        ieee = ieee_dots(dtype)
         grid = (cdiv(k, bl.block_m) * cdiv(n, bl.block_n), e)
         constexprs = dict(BLOCK_K=bl.block_m, BLOCK_N=bl.block_n, BLOCK_T=bl.block_r, IEEE=ieee)
         reads = ("x", "dy", "group_sizes", t, k, n, k, n)

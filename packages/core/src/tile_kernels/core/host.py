@@ -25,6 +25,13 @@ def interpreting() -> bool:
     return _INTERPRETING
 
 
+def ieee_dots(dtype: str) -> bool:
+    """Whether a kernel's tl.dot runs at IEEE precision (operands upcast to float32): for float32 (no TF32), and for
+    bfloat16 in Triton's interpreter, whose tl.dot multiplies bfloat16 tiles as their raw 16-bit patterns (triton
+    3.9): upcast there (exact products, fp32 sums as on the GPU)."""
+    return dtype == "float32" or (dtype == "bfloat16" and interpreting())
+
+
 def interpreter_hint() -> str:
     """How to run the kernels on the CPU, for an error message; says so when the switch was set too late."""
     if _interpret_env() and not _INTERPRETING:

@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .host import interpreting
+from .flash_attention import dot
+from .host import ieee_dots
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, gemm_dims, not_arrays, register, round_to
 
@@ -97,10 +98,7 @@ def matmul_kernel(
         k_ok = k0 + kk < K
         a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-        if IEEE:  # float32 operands at full precision, no TF32
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc += dot(a, b, IEEE)
         a_ptrs += a_step
         b_ptrs += b_step
     if HAS_BIAS:
@@ -181,7 +179,7 @@ def forward(m: int, n: int, k: int, *, dtype: str, target: Target, activation: s
     lda = (m if a_col else k) if lda is None else lda
     ldb = (k if b_col else n) if ldb is None else ldb
     ldr = (n if ldr is None else ldr) if has_residual else 0
-    ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())  # see flash_attention._shared
+    ieee = ieee_dots(dtype)
     reads = ("a", "b", "bias" if has_bias else None, "residual" if has_residual else None, m, n, k, lda, ldb, ldr, n)
     constexprs = dict(BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_K=b.block_k, GROUP_M=GROUP_M, A_COL=a_col,
                       B_COL=b_col, HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual, ACTIVATION=activation,

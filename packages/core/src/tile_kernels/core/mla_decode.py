@@ -49,7 +49,7 @@ from .decode_attention import (
     splits_for,
 )
 from .flash_attention import dot
-from .host import interpreting
+from .host import ieee_dots
 from .plan import (
     FLOAT_DTYPES,
     ITEMSIZE,
@@ -326,7 +326,7 @@ def forward(
     skv = tuple(strides_kv) if strides_kv is not None else (positions * latent_dim, latent_dim)
     skp = tuple(strides_k_pe) if strides_k_pe is not None else (positions * rope_dim, rope_dim)
     stride_bt = (seqlen_k // page_size if stride_bt is None else stride_bt) if paged else 0
-    ieee = dtype == "float32" or (dtype == "bfloat16" and interpreting())  # as decode_attention: see there
+    ieee = ieee_dots(dtype)
     reads = ("q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens", "block_table" if paged else None, heads, latent_dim,
              rope_dim, seqlen_k, page_size if paged else seqlen_k, stride_bt, *sqn, *sqp, *skv, *skp,
              default_scale(latent_dim, rope_dim) if scale is None else float(scale))  # fmt: skip
