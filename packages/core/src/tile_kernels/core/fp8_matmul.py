@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .fp8_quantize import BLOCK, FP8, e4m3_target, quantize, require_e4m3
+from .fp8_quantize import BLOCK, FP8, dequantize, e4m3_target, quantize, require_e4m3
 from .matmul import GROUP_M, grouped_tile
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, in_units
 from .registry import BadInput, Cost, OpInfo, gemm_dims, not_arrays, register
@@ -138,13 +138,8 @@ def forward(m: int, n: int, k: int, *, out_dtype: str, target: Target, lda: int 
 # reference, cost, samples
 
 
-def _dequantized(codes: np.ndarray, scales: np.ndarray, block_rows: int) -> np.ndarray:
-    s = np.repeat(np.repeat(scales.astype(np.float64), block_rows, 0), BLOCK, 1)
-    return codes.astype(np.float64) * s
-
-
 def reference(a, a_scales, b, b_scales, out_dtype="bfloat16"):
-    return (_dequantized(a, a_scales, 1) @ _dequantized(b, b_scales, BLOCK).T,)
+    return (dequantize(a, a_scales, 1) @ dequantize(b, b_scales, BLOCK).T,)
 
 
 def reference_vjp(kwargs, cotangents):

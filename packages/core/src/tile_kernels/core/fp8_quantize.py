@@ -131,6 +131,11 @@ def quantize(x: np.ndarray, block_rows: int = 1) -> tuple[np.ndarray, np.ndarray
     return codes.reshape(r, k).astype(ml_dtypes.float8_e4m3fn), scales
 
 
+def dequantize(codes: np.ndarray, scales: np.ndarray, block_rows: int) -> np.ndarray:
+    """The values codes x scale per block, in float64: quantize's inverse up to e4m3's rounding."""
+    return codes.astype(np.float64) * np.repeat(np.repeat(scales.astype(np.float64), block_rows, 0), BLOCK, 1)
+
+
 def reference(x, block_rows=1):
     codes, scales = quantize(x, block_rows)
     return codes.astype(np.float64), scales.astype(np.float64)

@@ -1,5 +1,5 @@
-"""JAX adapter of tile_kernels.core.fp8_quantize (no VJP). block_rows is static; a vmap folds its problems' rows into
-one launch only for per-row blocks, so problems run one after another."""
+"""JAX adapter of tile_kernels.core.fp8_quantize (no VJP). block_rows is static; a vmap runs its problems one after
+another."""
 
 from __future__ import annotations
 

@@ -12,16 +12,11 @@ from ._runtime import eager_op, executor, register_public_op, target, unit_last,
 def _fwd(
     a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor, out_dtype: str
 ) -> torch.Tensor:
-    """Returns (M, N) in out_dtype. a and b are read at their row strides, a_scales row- or column-major in place."""
+    """Returns (M, N) in out_dtype. a and b are read at their row strides, a_scales at its strides (any layout)."""
     a, b, b_scales = unit_last(a), unit_last(b), b_scales.contiguous()
     (m, k), n = a.shape, b.shape[0]
-    strides = None
-    if m > 1 and k > core.BLOCK and a_scales.stride(1) != 1:  # column-major (or strided) scales: read in place
-        strides = tuple(a_scales.stride())
-    elif a_scales.stride(-1) != 1 or a_scales.stride(0) != k // core.BLOCK:
-        a_scales = a_scales.contiguous()
     run = executor(core.forward, m, n, k, out_dtype=out_dtype, target=target(a.device), lda=a.stride(0) if m > 1 else k,
-                   ldb=b.stride(0) if n > 1 else k, a_scales_strides=strides)  # fmt: skip
+                   ldb=b.stride(0) if n > 1 else k, a_scales_strides=tuple(a_scales.stride()))  # fmt: skip
     return run(a, a_scales, b, b_scales, device=a.device)[0]
 
 
