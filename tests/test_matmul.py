@@ -55,12 +55,13 @@ def test_torch_layouts_read_in_place(a_layout, b_layout):
 
 
 def test_blocks_by_size_and_units():
-    """Decode-, mid- and prefill-sized tiles; K and the leading dimensions pass in units of 16 when all of them
+    """Decode-, mid- and prefill-sized tiles; N, K and the leading dimensions pass in units of 16 when all of them
     allow (so the K mask is constant over 16 elements and the loads pipeline), else as they are."""
     h200 = Target(warp_size=32, num_sms=132, cuda_arch=90)
     assert mm.blocks(1, 4096, 4096, "bfloat16", h200).block_m == 16
     assert mm.blocks(64, 4096, 4096, "bfloat16", h200).block_m == 64
-    assert mm.blocks(4096, 4096, 4096, "bfloat16", h200).block_m == 128
+    assert mm.blocks(4096, 4096, 4096, "bfloat16", h200).block_m == 256
+    assert mm.blocks(4096, 4096, 4096, "bfloat16", h200, epilogue=True).block_m == 128  # 256 rows spill there
     narrow = mm.blocks(4096, 40, 24, "bfloat16", h200)
     assert (narrow.block_n, narrow.block_k) == (64, 32)
     assert mm.blocks(4096, 4096, 4096, "bfloat16", Target(warp_size=64)).stages == 1

@@ -56,7 +56,8 @@ def _round_to_e4m3(v):
     step = ((step_exp + 127) << 23).to(tl.float32, bitcast=True)
     inverse = ((127 - step_exp) << 23).to(tl.float32, bitcast=True)
     magnitude = ((tl.abs(v) * inverse + 12582912.0) - 12582912.0) * step
-    return tl.where(bits < 0, -magnitude, magnitude)  # the sign bit kept: -0 and tiny negatives give -0
+    # v's sign bit put back by bit ops (Triton's -m is 0 - m, which loses -0): tiny negatives give -0 as NumPy does
+    return (magnitude.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -44,7 +44,8 @@ def grouped_rows_kernel(
 ):  # fmt: skip
     """OUT[t, n] = sum_r A[t, r] b_e[r, n] for the rows t of group e; A (T, R) at row stride lda; b_e[r, n] at
     B + e stride_be + r ldb + n (B + e stride_be + n ldb + r if B_COL); OUT (T, N) at row stride ldo."""
-    R, lda, ldb, ldo = R * UNIT, lda * UNIT, ldb * UNIT, ldo * UNIT  # plan.in_units
+    N, R, lda, ldb, ldo = N * UNIT, R * UNIT, lda * UNIT, ldb * UNIT, ldo * UNIT  # plan.in_units
+    stride_be = stride_be * UNIT
     pid = tl.program_id(0)
     group, row0, end = pid * 0 - 1, pid * 0, pid * 0
     start, tiles_before = pid * 0, pid * 0
@@ -140,12 +141,18 @@ class Blocks:
 
 
 def blocks(rows: int, n: int, r: int, dtype: str, target: Target) -> Blocks:
-    """64 x 128 tiles stepping 64 deep, 8 warps, 3 stages for 16-bit on warp-32 GPUs (MoE groups are often a few
+    """16-bit on warp-32 GPUs: 128 x 256 tiles stepping 64 deep, 8 warps, 3 stages from 4096 rows (the fastest of
+    benchmarks/sweep_grouped_matmul.py on an H200 at Mixtral's shape), else 64 x 128 (MoE groups are often a few
     hundred rows: 64-row tiles waste less of a group's last tile; 4 warps spill in dx's transposed read); float32
     (IEEE products): 32 x 32 x 32; one stage on wavefront-64 (AMD) targets. Tiles no wider than the dims round up
-    to. Not yet swept on a GPU."""
+    to."""
     stages = 1 if target.warp_size == 64 else 3
-    b = Blocks(32, 32, 32, 4, min(stages, 2)) if dtype == "float32" else Blocks(64, 128, 64, 8, stages)
+    if dtype == "float32":
+        b = Blocks(32, 32, 32, 4, min(stages, 2))
+    elif rows >= 4096 and target.warp_size == 32:
+        b = Blocks(128, 256, 64, 8, stages)
+    else:
+        b = Blocks(64, 128, 64, 8, stages)
 
     def fit(block: int, dim: int) -> int:
         return min(block, max(16, next_power_of_2(dim)))
@@ -162,7 +169,8 @@ def _rows_launch(a: str, b: str, out: str, t: int, e: int, n: int, r: int, b_col
     reads = (a, b, "group_sizes", e, t, n, r, r, r if b_col else n, stride_be, n)
     constexprs = dict(BLOCK_M=bl.block_m, BLOCK_N=bl.block_n, BLOCK_R=bl.block_r, B_COL=b_col, IEEE=ieee)
     launch = Launch(grouped_rows_kernel, grid, reads, (out,), constexprs, bl.warps, bl.stages)
-    return in_units(launch, "R", "lda", "ldb", "ldo", units=(16, 8))
+    # N and stride_be too: the column mask and each expert's base known multiples of 16 (else b loads element-wise)
+    return in_units(launch, "N", "R", "lda", "ldb", "stride_be", "ldo", units=(16, 8))
 
 
 def forward(t: int, k: int, n: int, e: int, *, dtype: str, target: Target) -> Plan:

@@ -10,8 +10,8 @@ Either operand may be row-major (unit stride along its last dim) or column-major
 W.T of a torch Linear weight W (N, K) is read in place), the layout a constexpr (A_COL / B_COL) and the other stride,
 the leading dimension, a runtime int. K and the leading dimensions pass in 16-element units where they allow
 (plan.in_units): the loads vectorize and the K mask is constant over 16 elements, which Triton's pipeliner needs to
-stage the loads asynchronously (cp.async), under any launcher. Out-of-range rows and columns read the last one
-(clamped) and are never stored: only the K tail is masked. Design limits: no split of K (a decode-sized M with few
+stage the loads asynchronously (cp.async), under any launcher. Out-of-range rows and columns wrap to the tile's
+first ones and are never stored: only the K tail is masked. Design limits: no split of K (a decode-sized M with few
 output tiles runs few programs), no persistent scheduler, no TMA descriptors, no TileLang sm_90a kernel yet.
 """
 
@@ -34,7 +34,7 @@ NAME = "matmul"
 DTYPES = ("float32", "float16", "bfloat16")
 ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh")
 GROUP_M = 8
-UNIT_ARGS = ("K", "lda", "ldb", "ldr", "ldo")
+UNIT_ARGS = ("N", "K", "lda", "ldb", "ldr", "ldo")  # and M when a is column-major (its contiguous dimension)
 
 
 @triton.jit
@@ -74,12 +74,23 @@ def matmul_kernel(
 ):  # fmt: skip
     """Grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),). a[m, k] at A + m lda + k (A + k lda + m if A_COL), b[k, n] at
     B + k ldb + n (B + n ldb + k if B_COL), residual[m, n] at RES + m ldr + n, OUT[m, n] at OUT + m ldo + n."""
-    K, lda, ldb, ldr, ldo = K * UNIT, lda * UNIT, ldb * UNIT, ldr * UNIT, ldo * UNIT  # plan.in_units: UNIT_ARGS
+    N, K, lda, ldb, ldr, ldo = N * UNIT, K * UNIT, lda * UNIT, ldb * UNIT, ldr * UNIT, ldo * UNIT  # plan.in_units
+    if A_COL:
+        M = M * UNIT
     row0, col0 = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     # offsets within the tile in int32 from 64-bit tile bases (int64 offset tiles cost registers the epilogue lacks);
-    # rows and columns past the ends read the last one (clamped): the loads need no row / column mask
+    # rows and columns past the ends are read, never stored, so the loads need no row / column mask: along an
+    # operand's unit-stride dimension they wrap to the tile's first (x % d, d a known multiple of 16: runs of 16 stay
+    # contiguous and the loads vectorize), along the other they read the last one (a clamp, fewer registers)
     rm, cn = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
-    rows_in, cols_in = tl.minimum(rm, M - 1 - row0), tl.minimum(cn, N - 1 - col0)
+    if A_COL:
+        rows_in = rm % (M - row0)
+    else:
+        rows_in = tl.minimum(rm, M - 1 - row0)
+    if B_COL:
+        cols_in = tl.minimum(cn, N - 1 - col0)
+    else:
+        cols_in = cn % (N - col0)
     kk = tl.arange(0, BLOCK_K)
     if A_COL:
         a_ptrs = A + row0 + rows_in[:, None] + kk[None, :] * lda
@@ -144,22 +155,25 @@ class Blocks:
     stages: int
 
 
-def blocks(m: int, n: int, k: int, dtype: str, target: Target) -> Blocks:
-    """16-bit on warp-32 GPUs: 128 x 128 x 64 tiles, 8 warps, 4 stages (96-128 KiB of shared memory) at prefill
-    sizes: the largest tile that compiles without spills on sm_80 / sm_90 / sm_100 with every epilogue (128 x 256
-    spills; `tile-kernels aot --op matmul --report`); 64 x 128 x 64 at M <= 64 and 16 x 64 x 64 at M <= 16 (more
-    programs over the weights). float32 (IEEE products, no TF32): 32 x 32 x 32. Wavefront-64 (AMD, 64 KiB of LDS):
-    128 x 128 x 64, one stage. Tiles no wider than N and K round up to. Not yet swept on a GPU."""
+def blocks(m: int, n: int, k: int, dtype: str, target: Target, epilogue: bool = False) -> Blocks:
+    """16-bit on warp-32 GPUs at prefill sizes: 256 x 128 x 64 tiles, 8 warps, 3 stages without an epilogue (the
+    fastest of benchmarks/sweep_matmul.py on an H200); with one (bias, activation, residual) 128 x 128 x 64, 4 stages,
+    the largest tile whose epilogues compile without spills on sm_80 / sm_90 / sm_100 (256 x 128 and 128 x 256 spill;
+    `tile-kernels aot --op matmul --report`); 64 x 128 x 64 at M <= 64 and 16 x 64 x 64 at M <= 16 (more programs
+    over the weights). float32 (IEEE products, no TF32): 32 x 32 x 32, 3 stages (2 spill on sm_80). Wavefront-64
+    (AMD, 64 KiB of LDS): 128 x 128 x 64, one stage. Tiles no wider than N and K round up to."""
     if dtype == "float32":
-        b = Blocks(32, 32, 32, 4, 1 if target.warp_size == 64 else 2)
+        b = Blocks(32, 32, 32, 4, 1 if target.warp_size == 64 else 3)
     elif target.warp_size == 64:
         b = Blocks(128, 128, 64, 4, 1)
     elif m <= 16:
         b = Blocks(16, 64, 64, 4, 4)
     elif m <= 64:
         b = Blocks(64, 128, 64, 4, 4)
-    else:
+    elif epilogue:
         b = Blocks(128, 128, 64, 8, 4)
+    else:
+        b = Blocks(256, 128, 64, 8, 3)
     return Blocks(b.block_m, min(b.block_n, max(16, next_power_of_2(n))), min(b.block_k, max(16, next_power_of_2(k))),
                   b.warps, b.stages)  # fmt: skip
 
@@ -175,7 +189,7 @@ def forward(m: int, n: int, k: int, *, dtype: str, target: Target, activation: s
     buffers = {"out": BufferSpec((m, n), dtype, zeroed=not (m and n))}  # empty: nothing to launch
     if not (m and n):
         return Plan(inputs, buffers, (), ("out",))
-    b = blocks(m, n, k, dtype, target)
+    b = blocks(m, n, k, dtype, target, epilogue=has_bias or has_residual or activation is not None)
     lda = (m if a_col else k) if lda is None else lda
     ldb = (k if b_col else n) if ldb is None else ldb
     ldr = (n if ldr is None else ldr) if has_residual else 0
@@ -186,7 +200,8 @@ def forward(m: int, n: int, k: int, *, dtype: str, target: Target, activation: s
                       IEEE=ieee)  # fmt: skip
     grid = (cdiv(m, b.block_m) * cdiv(n, b.block_n),)
     launch = Launch(matmul_kernel, grid, reads, ("out",), constexprs, b.warps, b.stages)
-    return Plan(inputs, buffers, (in_units(launch, *UNIT_ARGS, units=(16, 8)),), ("out",))
+    launch = in_units(launch, *UNIT_ARGS, *(("M",) if a_col else ()), units=(16, 8))
+    return Plan(inputs, buffers, (launch,), ("out",))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

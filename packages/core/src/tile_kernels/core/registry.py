@@ -66,6 +66,9 @@ class OpInfo:
     bad_inputs: Callable[[dict], list[BadInput]]
     # plans(target) -> every launch configuration the op can choose on that target (the AOT compile matrix)
     plans: Callable[[Any], Iterable[Any]]
+    # slack(kwargs) -> per output, the elementwise error the hardware may add beyond rounding the result to the output
+    # dtype (fp8_matmul: tensor cores sum e4m3 products at reduced precision); None: rounding only
+    slack: Callable[[dict], tuple] | None = None
 
 
 REGISTRY: dict[str, OpInfo] = {}

@@ -1,0 +1,88 @@
+"""Sweep of grouped_matmul's launch configuration (core.grouped_matmul.Blocks) on the current GPU: device time
+(CUDA-graph replays, triton.testing.do_bench_cudagraph) of the forward and of forward + backward (dx and dW through
+autograd) beside torch._grouped_mm in the same run, bf16, groups of equal size. Shapes (E, T, K, N): Mixtral's up
+projection (8 experts, 8192 tokens x top-2) and DeepSeek-V2-Lite's (64 experts, 8192 tokens x top-6). Each line: us
+and TFLOP/s of the forward and of the step, their ratios to torch._grouped_mm; the default last.
+
+    python benchmarks/sweep_grouped_matmul.py [--shape 8,16384,4096,14336 ...] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton.testing
+
+import tile_kernels.torch as tk
+from tile_kernels.core import grouped_matmul as core
+from tile_kernels.torch import _runtime
+
+SHAPES = ((8, 16384, 4096, 14336), (64, 49152, 2048, 1408))
+CANDIDATES = [core.Blocks(*c) for c in [(64, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3),
+                                         (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 32, 4, 4),
+                                         (64, 256, 64, 8, 3), (128, 64, 64, 4, 4)]]  # fmt: skip
+
+
+def sweep(e: int, t: int, k: int, n: int, say) -> None:
+    g = torch.Generator("cuda").manual_seed(0)
+    x = torch.randn(t, k, generator=g, device="cuda").to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(e, k, n, generator=g, device="cuda") / k**0.5).to(torch.bfloat16).requires_grad_()
+    sizes = torch.full((e,), t // e, dtype=torch.int32, device="cuda")
+    offs = torch.cumsum(sizes, 0, dtype=torch.int32)
+    dy = torch.randn(t, n, generator=g, device="cuda").to(torch.bfloat16)
+    flops, name = 2 * t * k * n, f"E{e} T{t} K{k} N{n}"
+
+    def step(f):
+        x.grad = w.grad = None
+        f().backward(dy)
+
+    def peer():
+        return torch._grouped_mm(x, w, offs=offs)
+
+    def ours():
+        return tk.grouped_matmul(x, w, sizes)
+
+    peer_fwd = triton.testing.do_bench_cudagraph(lambda: peer().detach())
+    peer_step = triton.testing.do_bench(lambda: step(peer))
+    say(f"{name} torch._grouped_mm: fwd {peer_fwd * 1e3:.0f} us {flops / peer_fwd / 1e9:.0f} TFLOP/s, step "
+        f"{peer_step * 1e3:.0f} us {3 * flops / peer_step / 1e9:.0f} TFLOP/s")  # fmt: skip
+    default = core.blocks
+    for b in [*CANDIDATES, "DEFAULT"]:
+        core.blocks = default if b == "DEFAULT" else (lambda *a, _b=b: _b)
+        _runtime._cached_executor.cache_clear()
+        try:
+            fwd = triton.testing.do_bench_cudagraph(lambda: ours().detach())
+            st = triton.testing.do_bench(lambda: step(ours))
+        except Exception as ex:  # a configuration that does not compile (shared memory, registers)
+            say(f"{name} {b}: {type(ex).__name__}: {str(ex)[:120]}")
+            continue
+        finally:
+            core.blocks = default
+        say(f"{name} {b}: fwd {fwd * 1e3:.0f} us {flops / fwd / 1e9:.0f} TFLOP/s {peer_fwd / fwd:.2f}x, step "
+            f"{st * 1e3:.0f} us {3 * flops / st / 1e9:.0f} TFLOP/s {peer_step / st:.2f}x")  # fmt: skip
+    _runtime._cached_executor.cache_clear()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", action="append", help="E,T,K,N (repeatable; default: SHAPES)")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    shapes = [tuple(int(d) for d in s.split(",")) for s in args.shape] if args.shape else SHAPES
+    lines = []
+
+    def say(line):
+        print(line, flush=True)
+        lines.append(line)
+
+    say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    for shape in shapes:
+        sweep(*shape, say)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
