@@ -29,6 +29,8 @@ SEQUENTIAL_VMAP = {
     "moe_permute",
     "moe_route",
     "moe_unpermute",
+    "rms_norm_fp8_quantize",
+    "swiglu_fp8_quantize",
 }
 # ops whose sharded JAX checks deadlock in interpret mode on a CPU: the four host-device callbacks are entered before
 # their (gathered) operands are ready and block reading them, or a device's callback misses a collective's

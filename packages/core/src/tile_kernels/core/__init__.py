@@ -18,9 +18,11 @@ from . import (  # noqa: F401
     mla_decode,
     moe,
     rms_norm,
+    rms_norm_fp8_quantize,
     rotary,
     softmax,
     swiglu,
+    swiglu_fp8_quantize,
 )
 from .plan import BufferSpec, Launch, Plan, Target, dtype_name
 from .registry import REGISTRY, BadInput, Cost, OpInfo

@@ -41,6 +41,7 @@ OPTIONS = {
     "dequant_matmul": {"zeros": False, "group_size": 128},
     "matmul": {"bias": False, "activation": None, "residual": False},
     "fp8_quantize": {"block_rows": 1},
+    "rms_norm_fp8_quantize": {"residual": True, "eps": 1e-6},
     # DeepSeek-V3's routing: 8 of 256 experts (bf16 gates)
     "moe_route": {"topk": 8, "experts": 256},
     "moe_permute": {"topk": 8, "experts": 256},

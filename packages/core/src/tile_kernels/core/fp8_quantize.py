@@ -12,7 +12,8 @@ rounding is done in float32 arithmetic, so a GPU, the interpreter and the NumPy 
 differentiable.
 
 fp8_quantize_kernel: grid (cdiv(R, BLOCK_R), K / 128), a (BLOCK_R, 128) tile a program: 32 rows of per-row scales,
-or one whole 128 x 128 block. Design limits: no fusion into the op that produces x yet (rms_norm, swiglu).
+or one whole 128 x 128 block. rms_norm_fp8_quantize and swiglu_fp8_quantize fuse the per-token cast into the ops
+that produce an fp8 GEMM's activations.
 """
 
 from __future__ import annotations
@@ -61,6 +62,16 @@ def _round_to_e4m3(v):
 
 
 @triton.jit
+def quantize_block_rows(y):
+    """y (rows, 128) float32, a 1 x 128 block a row -> (codes as float32 e4m3 values, scales (rows,)): scale = amax /
+    448 (1 for an all-zero block), code = rne_e4m3(y / scale). The ops that fuse the cast (rms_norm_fp8_quantize,
+    swiglu_fp8_quantize) call it on their output tile."""
+    amax = tl.max(tl.abs(y), axis=1)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+    return _round_to_e4m3(tl.math.div_rn(y, scale[:, None])), scale
+
+
+@triton.jit
 def fp8_quantize_kernel(
     X, R, K, ldx,
     CODES, SCALES,
@@ -74,10 +85,8 @@ def fp8_quantize_kernel(
     x = tl.load(X + row0.to(tl.int64) * ldx + rr[:, None] * ldx + j * 128 + kk[None, :], mask=row_ok, other=0.0)
     x = x.to(tl.float32)
     if BLOCK_ROWS == 1:
-        amax = tl.max(tl.abs(x), axis=1)
-        scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+        codes, scale = quantize_block_rows(x)
         tl.store(SCALES + (row0 + rr).to(tl.int64) * (K // 128) + j, scale, mask=rr < R - row0)
-        codes = _round_to_e4m3(tl.math.div_rn(x, scale[:, None]))
     else:  # BLOCK_R == BLOCK_ROWS: the tile is one block
         amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
         scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
@@ -135,6 +144,17 @@ def quantize(x: np.ndarray, block_rows: int = 1) -> tuple[np.ndarray, np.ndarray
 def dequantize(codes: np.ndarray, scales: np.ndarray, block_rows: int) -> np.ndarray:
     """The values codes x scale per block, in float64: quantize's inverse up to e4m3's rounding."""
     return codes.astype(np.float64) * np.repeat(np.repeat(scales.astype(np.float64), block_rows, 0), BLOCK, 1)
+
+
+def fused_cast_slack(codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """OpInfo.slack of an op that casts its own output (rms_norm_fp8_quantize, swiglu_fp8_quantize), given the
+    reference's codes and scales: a code may be one e4m3 step (2^(e - 3) in binade e, 2^-9 below 2^-6) from the
+    reference's and a scale 2^-6 of itself: the kernel's float32 output (and rms_norm's h before it) can round to
+    the op's dtype one unit away from the float64 reference's, moving a code or a block's amax across a rounding
+    boundary; two bfloat16 units are 2^-6."""
+    magnitude = np.abs(codes.astype(np.float64))
+    steps = 2.0 ** (np.floor(np.log2(np.maximum(magnitude, 2.0**-6))) - 3)
+    return steps, 2.0**-6 * scales.astype(np.float64)
 
 
 def reference(x, block_rows=1):

@@ -259,6 +259,17 @@ def _fp8_quantize_fwd(block_rows: int = 1) -> Kernel:
     return Kernel({"x": "m k"}, {"codes": "m k", "scales": scales}, ("m",) if block_rows == 1 else ())
 
 
+def _rms_norm_fp8_quantize_fwd(residual: bool = False) -> Kernel:
+    """Rows; K stays whole (the norm reduces over it)."""
+    args = _present({"x": "m k", "residual": "m k", "weight": "k"}, residual=residual)
+    return Kernel(args, {"codes": "m k", "scales": "m j", "h": "m k" if residual else None}, ("m",))
+
+
+def _swiglu_fp8_quantize_fwd() -> Kernel:
+    """Rows; K stays whole (the scales' blocks are 128 columns wide)."""
+    return Kernel({"gate": "m k", "up": "m k"}, {"codes": "m k", "scales": "m j"}, ("m",))
+
+
 # MoE routing: positions index rows of the whole batch (T k of them), so tokens stay whole; the feature dim d splits
 # (the gates' gradient then the devices' partial sums over it). The route itself stays whole.
 def _moe_route_fwd() -> Kernel:
@@ -320,6 +331,8 @@ KERNELS: dict[str, Callable[..., Kernel]] = {
     "matmul_fwd": _matmul_fwd,
     "fp8_matmul_fwd": _fp8_matmul_fwd,
     "fp8_quantize_fwd": _fp8_quantize_fwd,
+    "rms_norm_fp8_quantize_fwd": _rms_norm_fp8_quantize_fwd,
+    "swiglu_fp8_quantize_fwd": _swiglu_fp8_quantize_fwd,
     "grouped_matmul_fwd": _grouped_matmul_fwd,
     "grouped_matmul_bwd": _grouped_matmul_bwd,
     "mla_decode_fwd": _mla_decode_fwd,
@@ -377,6 +390,10 @@ RULES: dict[str, Callable[[Mapping[str, Any]], Split]] = {
     "dequant_matmul": lambda kwargs: _public(_dequant_matmul_fwd(_given(kwargs, "zeros")), "out"),
     "fp8_matmul": lambda kwargs: _public(_fp8_matmul_fwd(), "out"),
     "fp8_quantize": lambda kwargs: _public(_fp8_quantize_fwd(kwargs.get("block_rows", 1)), "codes", "scales"),
+    "rms_norm_fp8_quantize": lambda kwargs: _public(
+        _rms_norm_fp8_quantize_fwd(_given(kwargs, "residual")), "codes", "scales", "h"
+    ),
+    "swiglu_fp8_quantize": lambda kwargs: _public(_swiglu_fp8_quantize_fwd(), "codes", "scales"),
     "grouped_matmul": lambda kwargs: _public(_grouped_matmul_fwd(), "out"),
     "matmul": lambda kwargs: _public(_matmul_fwd(_given(kwargs, "bias"), _given(kwargs, "residual")), "out"),
     "mla_decode": _mla_decode,

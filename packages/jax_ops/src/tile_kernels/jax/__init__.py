@@ -17,12 +17,15 @@ from .matmul import matmul
 from .mla_decode import mla_decode
 from .moe import moe_permute, moe_route, moe_unpermute
 from .norms import layer_norm, rms_norm
+from .rms_norm_fp8_quantize import rms_norm_fp8_quantize
 from .rotary import apply_rotary
 from .softmax import softmax
 from .swiglu import swiglu
+from .swiglu_fp8_quantize import swiglu_fp8_quantize
 
 __all__ = [
     "apply_rotary", "cross_entropy", "decode_attention", "dequant_matmul", "flash_attention", "flash_attention_varlen",
     "fp8_matmul", "fp8_quantize", "fused_linear_cross_entropy", "grouped_matmul", "layer_norm", "matmul", "mla_decode",
-    "moe_permute", "moe_route", "moe_unpermute", "rms_norm", "softmax", "swiglu",
+    "moe_permute", "moe_route", "moe_unpermute", "rms_norm", "rms_norm_fp8_quantize", "softmax", "swiglu",
+    "swiglu_fp8_quantize",
 ]  # fmt: skip

@@ -168,6 +168,18 @@ def fp8_quantize(x, block_rows=1):
     return (blocks / scales[:, None, :, None]).reshape(r, k).astype(jnp.float8_e4m3fn), scales
 
 
+def rms_norm_fp8_quantize(x, weight, eps=1e-6, residual=None):
+    """rms_norm's peer, then fp8_quantize's: the unfused pair."""
+    out = rms_norm(x, weight, eps, residual)
+    y, h = (out, None) if residual is None else out
+    return fp8_quantize(y) + (() if h is None else (h,))
+
+
+def swiglu_fp8_quantize(gate, up):
+    """swiglu's peer, then fp8_quantize's: the unfused pair."""
+    return fp8_quantize(swiglu(gate, up))
+
+
 def moe_route(expert_ids, num_experts):
     """A stable argsort of the choices by expert (dropped ones keyed past the last expert), bincount."""
     ids = expert_ids.reshape(-1)
@@ -230,7 +242,8 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
 REFERENCE = {f.__name__: f for f in (rms_norm, layer_norm, softmax, swiglu, cross_entropy, apply_rotary,
                                      fused_linear_cross_entropy, flash_attention, flash_attention_varlen,
                                      decode_attention, dequant_matmul, matmul, fp8_matmul, fp8_quantize,
-                                     grouped_matmul, mla_decode, moe_route, moe_permute, moe_unpermute)}  # fmt: skip
+                                     grouped_matmul, mla_decode, moe_route, moe_permute, moe_unpermute,
+                                     rms_norm_fp8_quantize, swiglu_fp8_quantize)}  # fmt: skip
 
 
 def _pallas(op: str):

@@ -33,9 +33,11 @@ from .moe import (
     moe_unpermute_fwd,
 )
 from .norms import layer_norm, layer_norm_bwd, layer_norm_fwd, rms_norm, rms_norm_bwd, rms_norm_fwd
+from .rms_norm_fp8_quantize import rms_norm_fp8_quantize, rms_norm_fp8_quantize_fwd
 from .rotary import apply_rotary, apply_rotary_bwd, apply_rotary_fwd
 from .softmax import softmax, softmax_bwd, softmax_fwd
 from .swiglu import swiglu, swiglu_bwd, swiglu_fwd
+from .swiglu_fp8_quantize import swiglu_fp8_quantize, swiglu_fp8_quantize_fwd
 
 register_rules()  # DTensor sharding strategies of the ops above (tile_kernels.core.sharding)
 
@@ -50,6 +52,7 @@ __all__ = [
     "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "matmul", "matmul_fwd", "mla_decode", "mla_decode_fwd",
     "moe_permute", "moe_permute_bwd", "moe_permute_fwd", "moe_route", "moe_route_fwd", "moe_unpermute",
     "moe_unpermute_bwd", "moe_unpermute_fwd", "nn",
-    "rms_norm", "rms_norm_bwd", "rms_norm_fwd",
-    "softmax", "softmax_bwd", "softmax_fwd", "swiglu", "swiglu_bwd", "swiglu_fwd",
+    "rms_norm", "rms_norm_bwd", "rms_norm_fwd", "rms_norm_fp8_quantize", "rms_norm_fp8_quantize_fwd",
+    "softmax", "softmax_bwd", "softmax_fwd", "swiglu", "swiglu_bwd", "swiglu_fwd", "swiglu_fp8_quantize",
+    "swiglu_fp8_quantize_fwd",
 ]  # fmt: skip

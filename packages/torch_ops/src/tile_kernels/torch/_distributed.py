@@ -107,6 +107,7 @@ _OPTIONS = {
     "dequant_matmul_fwd": _given("zeros"),
     "matmul_fwd": _given("bias", "residual"),
     "fp8_quantize_fwd": _values("block_rows"),
+    "rms_norm_fp8_quantize_fwd": _given("residual"),
     "mla_decode_fwd": lambda args: dict(paged=args["block_table"] is not None),
 }
 
