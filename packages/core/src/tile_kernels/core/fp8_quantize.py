@@ -11,7 +11,7 @@ Returns codes (R, K) float8_e4m3fn and scales (R / block_rows, K / 128) float32:
 rounding is done in float32 arithmetic, so a GPU, the interpreter and the NumPy reference give the same bits. Not
 differentiable.
 
-fp8_quantize_kernel: grid (cdiv(R, BLOCK_R), K / 128), a (BLOCK_R, 128) tile a program: 32 rows of per-row scales,
+fp8_quantize_kernel: a (BLOCK_R, BLOCK_K) tile a program: 8 rows x 1024 columns of per-row scales (store_row_blocks),
 or one whole 128 x 128 block. rms_norm_fp8_quantize and swiglu_fp8_quantize fuse the per-token cast into the ops
 that produce an fp8 GEMM's activations.
 """
@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units
+from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
 NAME = "fp8_quantize"
@@ -31,6 +31,7 @@ FP8 = "float8_e4m3fn"
 BLOCK = 128  # the block's width along K
 E4M3_MAX = 448.0
 BLOCK_ROWS = (128, 1)
+ROW_TILE = (8, 1024)  # (rows, columns) of a program's tile with per-row scales
 
 
 def e4m3_target(target: Target) -> bool:
@@ -72,28 +73,43 @@ def quantize_block_rows(y):
 
 
 @triton.jit
+def store_row_blocks(y, CODES, SCALES, row0, R, K, col0, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Quantizes y (BLOCK_R, BLOCK_K) float32, rows row0... and columns col0... of an (R, K) tensor, in 1 x 128
+    blocks (quantize_block_rows) and stores its codes to CODES (R, K) and its scales to SCALES (R, K / 128), both
+    compact. A program's tile spans several blocks of a row: wide contiguous rows stream at the copy rate."""
+    NB: tl.constexpr = BLOCK_K // 128
+    codes, scales = quantize_block_rows(tl.reshape(y, (BLOCK_R * NB, 128)))
+    rr, kk, bb = tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_K), tl.arange(0, NB)
+    row_ok = (rr < R - row0)[:, None]
+    s_ptrs = SCALES + row0.to(tl.int64) * (K // 128) + rr[:, None] * (K // 128) + col0 // 128 + bb[None, :]
+    tl.store(s_ptrs, tl.reshape(scales, (BLOCK_R, NB)), mask=row_ok & (bb < (K - col0) // 128)[None, :])
+    c_ptrs = CODES + row0.to(tl.int64) * K + rr[:, None] * K + col0 + kk[None, :]
+    codes = tl.reshape(codes, (BLOCK_R, BLOCK_K)).to(CODES.dtype.element_ty)
+    tl.store(c_ptrs, codes, mask=row_ok & (kk < K - col0)[None, :])
+
+
+@triton.jit
 def fp8_quantize_kernel(
     X, R, K, ldx,
     CODES, SCALES,
-    BLOCK_R: tl.constexpr, BLOCK_ROWS: tl.constexpr, UNIT: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_ROWS: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """x[r, k] at X + r ldx + k; CODES (R, K) and SCALES (R / BLOCK_ROWS, K / 128) compact."""
     K, ldx = K * UNIT, ldx * UNIT  # plan.in_units
-    row0, j = tl.program_id(0) * BLOCK_R, tl.program_id(1)
-    rr, kk = tl.arange(0, BLOCK_R), tl.arange(0, 128)
-    row_ok = (rr < R - row0)[:, None]
-    x = tl.load(X + row0.to(tl.int64) * ldx + rr[:, None] * ldx + j * 128 + kk[None, :], mask=row_ok, other=0.0)
+    row0, col0 = tl.program_id(0) * BLOCK_R, tl.program_id(1) * BLOCK_K
+    rr, kk = tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_K)
+    mask = (rr < R - row0)[:, None] & (kk < K - col0)[None, :]
+    x = tl.load(X + row0.to(tl.int64) * ldx + rr[:, None] * ldx + col0 + kk[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     if BLOCK_ROWS == 1:
-        codes, scale = quantize_block_rows(x)
-        tl.store(SCALES + (row0 + rr).to(tl.int64) * (K // 128) + j, scale, mask=rr < R - row0)
-    else:  # BLOCK_R == BLOCK_ROWS: the tile is one block
+        store_row_blocks(x, CODES, SCALES, row0, R, K, col0, BLOCK_R, BLOCK_K)
+    else:  # BLOCK_R == BLOCK_ROWS, BLOCK_K == 128: the tile is one block
         amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
         scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
-        tl.store(SCALES + tl.program_id(0).to(tl.int64) * (K // 128) + j, scale)
+        tl.store(SCALES + tl.program_id(0).to(tl.int64) * (K // 128) + tl.program_id(1), scale)
         codes = _round_to_e4m3(tl.math.div_rn(x, scale))
-    out = CODES + row0.to(tl.int64) * K + rr[:, None] * K + j * 128 + kk[None, :]
-    tl.store(out, codes.to(CODES.dtype.element_ty), mask=row_ok)
+        out = CODES + row0.to(tl.int64) * K + rr[:, None] * K + col0 + kk[None, :]
+        tl.store(out, codes.to(CODES.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -118,9 +134,12 @@ def forward(r: int, k: int, *, dtype: str, target: Target, block_rows: int = 1, 
                "scales": BufferSpec((r // block_rows, k // BLOCK), "float32", zeroed=empty)}  # fmt: skip
     if empty:
         return Plan({"x": dtype}, buffers, (), ("codes", "scales"))
-    block_r, warps = (32, 4) if block_rows == 1 else (BLOCK, 8)
-    grid = (cdiv(r, block_r), k // BLOCK)
-    constexprs = dict(BLOCK_R=block_r, BLOCK_ROWS=block_rows)
+    if block_rows == 1:  # 8 rows x up to 1024 columns a program (8 blocks a row)
+        block_r, block_k, warps = ROW_TILE[0], min(ROW_TILE[1], next_power_of_2(k)), 4
+    else:  # one 128 x 128 block
+        block_r, block_k, warps = BLOCK, BLOCK, 8
+    grid = (cdiv(r, block_r), cdiv(k, block_k))
+    constexprs = dict(BLOCK_R=block_r, BLOCK_K=block_k, BLOCK_ROWS=block_rows)
     launch = Launch(fp8_quantize_kernel, grid, ("x", r, k, ldx or k), ("codes", "scales"), constexprs, warps, 1)
     return Plan({"x": dtype}, buffers, (in_units(launch, "K", "ldx", units=(16,)),), ("codes", "scales"))
 

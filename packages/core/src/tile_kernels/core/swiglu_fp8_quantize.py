@@ -10,7 +10,7 @@ gate-up projection cost no copy). y never reaches memory: 2 inputs read, 1 + 4 /
 math is swiglu's (swiglu.py) and fp8_quantize's (quantize_block_rows), so the codes are those of the two ops run
 one after the other on the same device. Not differentiable.
 
-swiglu_fp8_quantize_kernel: grid (cdiv(R, 32), K / 128), a (32, 128) tile a program, as fp8_quantize's.
+swiglu_fp8_quantize_kernel: an (8, 1024) tile a program, as fp8_quantize's (fp8_quantize.ROW_TILE).
 """
 
 from __future__ import annotations
@@ -20,34 +20,29 @@ import triton
 import triton.language as tl
 
 from . import checks, swiglu
-from .fp8_quantize import BLOCK, FP8, e4m3_target, fused_cast_slack, quantize, quantize_block_rows, require_e4m3
-from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units
+from .fp8_quantize import BLOCK, FP8, ROW_TILE, e4m3_target, fused_cast_slack, quantize, require_e4m3, store_row_blocks
+from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
 NAME = "swiglu_fp8_quantize"
-BLOCK_R = 32
 
 
 @triton.jit
 def swiglu_fp8_quantize_kernel(
     GATE, UP, R, K, ldg, ldu,
     CODES, SCALES,
-    BLOCK_R: tl.constexpr, UNIT: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """gate[r, k] at GATE + r ldg + k, up[r, k] at UP + r ldu + k; CODES (R, K) and SCALES (R, K / 128) compact."""
     K, ldg, ldu = K * UNIT, ldg * UNIT, ldu * UNIT  # plan.in_units
-    row0, j = tl.program_id(0) * BLOCK_R, tl.program_id(1)
-    rr, kk = tl.arange(0, BLOCK_R), tl.arange(0, 128)
-    row_ok = rr < R - row0
-    cols = j * 128 + kk[None, :]
-    g = tl.load(GATE + row0.to(tl.int64) * ldg + rr[:, None] * ldg + cols, mask=row_ok[:, None], other=0.0)
-    u = tl.load(UP + row0.to(tl.int64) * ldu + rr[:, None] * ldu + cols, mask=row_ok[:, None], other=0.0)
+    row0, col0 = tl.program_id(0) * BLOCK_R, tl.program_id(1) * BLOCK_K
+    rr, kk = tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_K)
+    mask = (rr < R - row0)[:, None] & (kk < K - col0)[None, :]
+    g = tl.load(GATE + row0.to(tl.int64) * ldg + rr[:, None] * ldg + col0 + kk[None, :], mask=mask, other=0.0)
+    u = tl.load(UP + row0.to(tl.int64) * ldu + rr[:, None] * ldu + col0 + kk[None, :], mask=mask, other=0.0)
     g = g.to(tl.float32)
     y = (g * tl.sigmoid(g) * u.to(tl.float32)).to(GATE.dtype.element_ty).to(tl.float32)  # as swiglu stores it
-    codes, scales = quantize_block_rows(y)
-    tl.store(SCALES + (row0 + rr).to(tl.int64) * (K // 128) + j, scales, mask=row_ok)
-    out = CODES + row0.to(tl.int64) * K + rr[:, None] * K + j * 128 + kk[None, :]
-    tl.store(out, codes.to(CODES.dtype.element_ty), mask=row_ok[:, None])
+    store_row_blocks(y, CODES, SCALES, row0, R, K, col0, BLOCK_R, BLOCK_K)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -73,9 +68,11 @@ def forward(r: int, k: int, *, dtype: str, target: Target, ldg: int | None = Non
     inputs = {"gate": dtype, "up": dtype}
     if empty:
         return Plan(inputs, buffers, (), ("codes", "scales"))
-    grid = (cdiv(r, BLOCK_R), k // BLOCK)
+    block_r, block_k = ROW_TILE[0], min(ROW_TILE[1], next_power_of_2(k))
+    grid = (cdiv(r, block_r), cdiv(k, block_k))
     reads = ("gate", "up", r, k, ldg or k, ldu or k)
-    launch = Launch(swiglu_fp8_quantize_kernel, grid, reads, ("codes", "scales"), dict(BLOCK_R=BLOCK_R), 4, 1)
+    constexprs = dict(BLOCK_R=block_r, BLOCK_K=block_k)
+    launch = Launch(swiglu_fp8_quantize_kernel, grid, reads, ("codes", "scales"), constexprs, 4, 1)
     return Plan(inputs, buffers, (in_units(launch, "K", "ldg", "ldu", units=(16,)),), ("codes", "scales"))
 
 
