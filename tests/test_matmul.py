@@ -144,3 +144,87 @@ def test_bench_peers_on_every_epilogue(framework, activation):
         kwargs = mm.sample(np.random.default_rng(seed), (3, 40), "float32", bias=bool(seed), activation=activation,
                            residual=True)  # fmt: skip
         np.testing.assert_allclose(peer(kwargs)[0], mm.reference(**kwargs)[0], rtol=2e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ the TileLang backend
+
+needs_tilelang = pytest.mark.skipif(__import__("importlib").util.find_spec("tilelang") is None,
+                                    reason="tilelang not installed")  # fmt: skip
+
+
+def test_tilelang_backend_refuses_what_it_cannot_run():
+    """Clear errors (ValueError naming the backend and the feature) for float32, an epilogue, unaligned rows and
+    GPUs other than Hopper; its plan: one Call, or the Triton plan for an empty product."""
+    from tile_kernels.core.backends import Call
+    from tile_kernels.core.plan import Launch
+
+    for args, match in [
+        (("float32", 64, 64, True, False), "supports float16 / bfloat16 only"),
+        (("bfloat16", 64, 64, True, True), "has no epilogue"),
+        (("bfloat16", 60, 64, True, False), "needs K multiples of 8"),
+        (("bfloat16", 64, 60, False, False), "needs K and N multiples of 8"),
+        (("bfloat16", 64, 64, True, False, 80), "runs on sm_90 \\(Hopper: wgmma, TMA\\) only, got sm_80"),
+    ]:
+        with pytest.raises(ValueError, match=f"matmul: backend 'tilelang' {match}.*; backend='triton' runs it"):
+            mm.check_backend("tilelang", *args)
+    mm.check_backend("tilelang", "bfloat16", 64, 60, True, False, 90)  # N of a column-major b: any
+    assert mm.preferred_backend(90, "bfloat16", 4096, 4096, True, False) == "triton"  # until measured
+    target = Target(num_sms=132, cuda_arch=90)
+    plan = mm.compiled_forward("tilelang", 300, 2048, 1024, dtype="bfloat16", b_col=True, arch=90, target=target)
+    assert [type(s) for s in plan.launches] == [Call] and plan.launches[0].reads == ("a", "b")
+    assert plan.launches[0].key == "tile_kernels_tilelang_matmul_bcol_bfloat16_sm90"
+    empty = mm.compiled_forward("tilelang", 300, 2048, 0, dtype="float16", b_col=False, arch=90, target=target)
+    assert all(isinstance(s, Launch) for s in empty.launches)  # Triton's kernel writes the zeros
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's error")
+def test_tilelang_backend_on_the_cpu_is_a_clear_error():
+    import torch
+
+    import tile_kernels.torch as tk
+
+    a = torch.zeros(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="matmul: backend 'tilelang' cannot run on the CPU"):
+        tk.matmul(a, a.t(), backend="tilelang")
+
+
+@needs_tilelang
+@pytest.mark.parametrize("b_col", [False, True])
+def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code(b_col):
+    """TMA loads, wgmma and a producer warp group (register reallocation) in the lowered sm_90a source."""
+    from tile_kernels.core import matmul_tilelang as tl_mm
+
+    source = tl_mm.lower(tl_mm.kernel_name(b_col), "bfloat16", "bfloat16", tl_mm.target(90)).kernel_source
+    for feature in ("tma_load", "wgmma", "warpgroup_reg_alloc", "tma_store"):
+        assert feature in source, feature
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on Hopper GPUs")
+@pytest.mark.parametrize("framework", sorted(DRIVERS))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m, k, n", [(1, 256, 8), (300, 1032, 520), (4096, 4096, 4096), (129, 264, 256)])
+def test_tilelang_matches_the_reference(framework, dtype, m, k, n):
+    """Edges of every tile dimension (M, N, K not multiples of the tiles), b row-major (both frameworks) and a
+    Linear weight's .t() (torch)."""
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TileLang kernel is written for sm_90")
+    kwargs = mm.sample(np.random.default_rng(m + k + n), (m, k, n), dtype)
+    want = mm.reference(**kwargs)[0]
+    out = DRIVERS[framework]("gpu").call("matmul", {**kwargs, "backend": "tilelang"})[0]
+    assert_close("matmul tilelang", out, want, dtype)
+    if framework == "torch":
+        import tile_kernels.torch as tk
+
+        a = torch.from_numpy(kwargs["a"].astype(np.float32)).to("cuda", getattr(torch, dtype))
+        w = torch.from_numpy(kwargs["b"].T.astype(np.float32)).to("cuda", getattr(torch, dtype)).contiguous()
+        got = tk.matmul(a, w.t(), backend="tilelang").double().cpu().numpy()
+        assert_close("matmul tilelang, b = W.t()", got, want, dtype)
+
+        def layer(a):
+            return tk.matmul(a, w.t(), backend="tilelang")
+
+        torch.testing.assert_close(torch.compile(layer, fullgraph=True)(a), layer(a))

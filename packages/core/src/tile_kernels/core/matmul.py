@@ -17,6 +17,7 @@ output tiles runs few programs), no persistent scheduler, no TMA descriptors, no
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -24,7 +25,8 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from . import checks
+from . import backends, checks, matmul_tilelang
+from .backends import Call
 from .flash_attention import dot
 from .host import ieee_dots
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
@@ -35,6 +37,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh")
 GROUP_M = 8
 UNIT_ARGS = ("N", "K", "lda", "ldb", "ldr", "ldo")  # and M when a is column-major (its contiguous dimension)
+# backend="tilelang": matmul_tilelang's Hopper kernel (no epilogue, compact operands); backend=None: preferred_backend
+backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.matmul_tilelang"})
 
 
 @triton.jit
@@ -202,6 +206,34 @@ def forward(m: int, n: int, k: int, *, dtype: str, target: Target, activation: s
     launch = Launch(matmul_kernel, grid, reads, ("out",), constexprs, b.warps, b.stages)
     launch = in_units(launch, *UNIT_ARGS, *(("M",) if a_col else ()), units=(16, 8))
     return Plan(inputs, buffers, (launch,), ("out",))
+
+
+def check_backend(backend: str, dtype: str, k: int, n: int, b_col: bool, epilogue: bool, arch: int | None = None):
+    """Raises ValueError naming the input a resolved backend cannot run (matmul_tilelang.unsupported)."""
+    if backend == "tilelang" and (why := matmul_tilelang.unsupported(dtype, k, n, b_col, arch, epilogue)):
+        raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
+
+
+def preferred_backend(arch: int, dtype: str, k: int, n: int, b_col: bool, epilogue: bool) -> str:
+    """backend=None's choice: "triton" everywhere until the TileLang kernel has been measured on a GPU (its status:
+    matmul_tilelang's docstring)."""
+    return "triton"
+
+
+def compiled_forward(backend: str, m: int, n: int, k: int, *, dtype: str, b_col: bool, arch: int,
+                     target: Target) -> Plan:  # fmt: skip
+    """The TileLang backend's forward for compute capability `arch` (90): a (M, K) and b ((K, N), or (N, K) read as
+    its transpose with b_col) compact; out (M, N) compact in dtype. One Call; an empty output or K = 0 runs
+    `forward`'s plan (a TMA descriptor cannot describe an empty operand)."""
+    check_backend(backend, dtype, k, n, b_col, False, arch)
+    if not (m and n and k):
+        return forward(m, n, k, dtype=dtype, target=target, b_col=b_col)
+    module = backends.module(NAME, backend)
+    kernel = module.kernel_name(b_col)
+    load = functools.partial(module.function, kernel, dtype, dtype, arch)
+    buffers = {"out": BufferSpec((m, n), dtype)}
+    steps = (Call(f"tile_kernels_{backend}_{kernel}_{dtype}_sm{arch}", load, ("a", "b"), ("out",)),)
+    return Plan({"a": dtype, "b": dtype}, buffers, steps, ("out",))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

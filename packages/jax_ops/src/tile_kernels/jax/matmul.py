@@ -1,5 +1,6 @@
-"""JAX adapter of tile_kernels.core.matmul (no VJP). b, bias and residual are traced operands, activation is static;
-a vmap runs its problems one after another (each has its own b)."""
+"""JAX adapter of tile_kernels.core.matmul (no VJP). b, bias and residual are traced operands, activation and
+backend are static; a vmap runs its problems one after another (each has its own b). backend="tilelang" runs the
+core's compiled_forward (the TileLang Hopper kernel) through `_calls.run_calls`."""
 
 from __future__ import annotations
 
@@ -7,20 +8,26 @@ import functools
 
 import jax
 
-from tile_kernels.core import dtype_name, sharding
+from tile_kernels.core import backends, dtype_name, sharding
 from tile_kernels.core import matmul as core
 
+from ._calls import cuda_arch, platform, run_calls
 from ._runtime import jit_when_eager, mode, run_plan, target
 from ._sharding import row_local
 
 
 @functools.cache
-def _call(activation: str | None, has_bias: bool, has_residual: bool):
+def _call(activation: str | None, has_bias: bool, has_residual: bool, backend: str = "triton"):
     def call(a, b, *epilogue):
         (m, k), n = a.shape, b.shape[1]
-        plan = core.forward(m, n, k, dtype=dtype_name(a.dtype), target=target(mode(core.NAME)), activation=activation,
+        kind = mode(core.NAME)
+        if backend != "triton":  # the TileLang kernel (no epilogue), b row-major
+            plan = core.compiled_forward(backend, m, n, k, dtype=dtype_name(a.dtype), b_col=False, arch=cuda_arch(),
+                                         target=target(kind))  # fmt: skip
+            return list(run_calls(plan, a, b))
+        plan = core.forward(m, n, k, dtype=dtype_name(a.dtype), target=target(kind), activation=activation,
                             has_bias=has_bias, has_residual=has_residual)  # fmt: skip
-        return list(run_plan(plan, mode(core.NAME), a, b, *epilogue))
+        return list(run_plan(plan, kind, a, b, *epilogue))
 
     kernel = sharding.KERNELS["matmul_fwd"](has_bias, has_residual)
     return jax.custom_batching.sequential_vmap(row_local(core.NAME, call, kernel))
@@ -29,11 +36,15 @@ def _call(activation: str | None, has_bias: bool, has_residual: bool):
 @jit_when_eager("a", "b", "bias", "residual")
 def matmul(
     a: jax.Array, b: jax.Array, bias: jax.Array | None = None, activation: str | None = None,
-    residual: jax.Array | None = None,
+    residual: jax.Array | None = None, backend: str | None = None,
 ) -> jax.Array:  # fmt: skip
     """act(a @ b + bias) + residual: a (M, K), b (K, N), bias (N,), residual (M, N), all in a's dtype (float16 /
     bfloat16 / float32); fp32 accumulation, one rounding. activation: None, "silu", "gelu" (erf) or "gelu_tanh".
-    Returns (M, N) in a's dtype. Not differentiable."""
+    Returns (M, N) in a's dtype. backend: "triton", "tilelang" (Hopper; float16 / bfloat16, no epilogue) or None for
+    the default of the device. Not differentiable."""
     core.check(a, b, bias, activation, residual)
+    epilogue = bias is not None or activation is not None or residual is not None
+    backend = backends.resolve(core.NAME, backend, platform(core.NAME), needs=("jax_tvm_ffi",))
+    core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1], False, epilogue)
     arrays = (a, b) + tuple(x for x in (bias, residual) if x is not None)
-    return _call(activation, bias is not None, residual is not None)(*arrays)[0]
+    return _call(activation, bias is not None, residual is not None, backend)(*arrays)[0]

@@ -1,12 +1,16 @@
-"""torch adapter of tile_kernels.core.matmul: op tile_kernels::matmul_fwd (no autograd)."""
+"""torch adapter of tile_kernels.core.matmul: op tile_kernels::matmul_fwd (no autograd). backend="tilelang" runs
+through the custom op tile_kernels::matmul_fwd_compiled (the TileLang Hopper kernel; opaque to torch.compile, with a
+fake implementation)."""
 
 from __future__ import annotations
 
 import torch
+from torch.library import custom_op
 
 from tile_kernels.core import dtype_name
 from tile_kernels.core import matmul as core
 
+from ._calls import cuda_arch, resolve_backend, run_calls
 from ._runtime import eager_op, executor, register_public_op, target, unit_last, validated
 
 
@@ -21,11 +25,30 @@ def _operand(t: torch.Tensor) -> tuple[torch.Tensor, bool, int]:
     return t.contiguous(), False, cols
 
 
+@custom_op("tile_kernels::matmul_fwd_compiled", mutates_args=())
+def matmul_fwd_compiled(a: torch.Tensor, b: torch.Tensor, backend: str) -> torch.Tensor:
+    """a @ b through the TileLang kernel: b compact (K, N), or the transpose of a compact (N, K) (a Linear weight's
+    .t(), read as it is); other layouts are copied."""
+    b_col = b.shape[1] > 1 and b.stride(0) == 1 and b.t().is_contiguous()
+    a, b = a.contiguous(), b.t() if b_col else b.contiguous()
+    (m, k), n = a.shape, b.shape[0] if b_col else b.shape[1]
+    plan = core.compiled_forward(backend, m, n, k, dtype=dtype_name(a.dtype), b_col=b_col, arch=cuda_arch(a.device),
+                                 target=target(a.device))  # fmt: skip
+    return run_calls(plan, a, b, device=a.device)[0]
+
+
+@matmul_fwd_compiled.register_fake
+def _(a, b, backend):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
 def _fwd(
     a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
-    residual: torch.Tensor | None,
+    residual: torch.Tensor | None, backend: str = "triton",
 ) -> torch.Tensor:  # fmt: skip
-    """Returns (M, N) in a's dtype."""
+    """Returns (M, N) in a's dtype. `backend` is a resolved name (tile_kernels.core.backends.resolve)."""
+    if backend != "triton":
+        return matmul_fwd_compiled(a, b, backend)
     (a, a_col, lda), (b, b_col, ldb) = _operand(a), _operand(b)
     inputs = [a, b]
     if bias is not None:
@@ -47,16 +70,27 @@ matmul_fwd = eager_op("matmul_fwd", _fwd)
 
 def matmul(
     a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None,
-    residual: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None, backend: str | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """act(a @ b + bias) + residual: a (M, K), b (K, N) (row- or column-major: `x @ W.t()` reads a Linear weight W
     in place), bias (N,), residual (M, N), all in a's dtype (float16 / bfloat16 / float32); fp32 accumulation, one
-    rounding. activation: None, "silu", "gelu" (erf) or "gelu_tanh". Returns (M, N) in a's dtype. Not
-    differentiable."""
-    validated(core.NAME, core.check, ("a", "b", "bias", None, "residual"), a, b, bias, activation, residual)
-    return matmul_fwd(a, b, bias, activation, residual)
+    rounding. activation: None, "silu", "gelu" (erf) or "gelu_tanh". Returns (M, N) in a's dtype. backend: "triton",
+    "tilelang" (Hopper; float16 / bfloat16, no epilogue) or None for the device's default (core.preferred_backend).
+    Not differentiable."""
+    _, device = validated(core.NAME, core.check, ("a", "b", "bias", None, "residual"), a, b, bias, activation,
+                          residual)  # fmt: skip
+    if backend is not None or device.type == "cuda":
+        k, n, b_col = a.shape[1], b.shape[1], b.shape[1] > 1 and b.stride(0) == 1
+        epilogue = bias is not None or activation is not None or residual is not None
+        dims = dtype_name(a.dtype), k, n, b_col, epilogue
+        preferred = core.preferred_backend(cuda_arch(device), *dims) if device.type == "cuda" else None
+        backend = resolve_backend(core.NAME, backend, device, preferred)
+        core.check_backend(backend, *dims)
+    return matmul_fwd(a, b, bias, activation, residual, backend or "triton")
 
 
 register_public_op(
-    "matmul(Tensor a, Tensor b, Tensor? bias=None, str? activation=None, Tensor? residual=None) -> Tensor", matmul
+    "matmul(Tensor a, Tensor b, Tensor? bias=None, str? activation=None, Tensor? residual=None, str? backend=None) "
+    "-> Tensor",
+    matmul,
 )

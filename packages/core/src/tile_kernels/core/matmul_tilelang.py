@@ -1,0 +1,126 @@
+"""matmul's TileLang kernel for Hopper (backend="tilelang"): out = a @ b, the math of matmul.py without an epilogue.
+
+One program per (BLOCK_M, BLOCK_N) output tile, the tiles visited in panels of SWIZZLE tile columns
+(T.use_swizzle: a panel's programs share a's row blocks and b's column blocks in L2). a (M, K) row-major and b either
+(K, N) row-major or, as a torch Linear weight W (N, K) is read for x @ W.t(), column-major (B_COL: the kernel takes
+W itself and multiplies by its transpose). K streams through a T.Pipelined loop of `stages` shared buffers: TileLang
+lowers the tile copies to TMA, the products to wgmma with operands in shared memory and the loop to a TMA producer
+warp group beside the consumer warp groups (warp specialization, mbarriers, setmaxnreg), on its own for sm_90a. The
+fp32 accumulator is rounded once to the output dtype and leaves through shared memory (a TMA store).
+
+Sizes M, N, K are dynamic (no recompile per shape); tiles past M, N or K read TMA's zero fill and are not stored.
+
+Design limits: sm_90a only (`unsupported` says so elsewhere); float16 / bfloat16 in and out, compact operands (the
+torch adapter copies others); no epilogue (bias, activation, residual run on the Triton path); K and the row widths
+multiples of 8 elements (TMA's 16-byte strides); not yet persistent (one program a tile).
+
+Status (2026-12-04): lowered and built with nvcc for sm_90a on a CPU machine; not yet run on a GPU, so matmul's
+default stays Triton (matmul.preferred_backend).
+"""
+
+import functools
+
+from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
+
+DTYPES = ("float16", "bfloat16")
+ARCHS = (90,)  # compute capabilities the kernel is written for
+AOT_TARGETS = ("cuda:90",)  # the AOT matrix's TileLang targets (aot.TILELANG_TARGETS) that build it
+SWIZZLE = 8  # tile columns a panel
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, stages, threads) by config name; "default" is what backend="tilelang" runs: 128 x 256
+# tiles in two consumer warp groups (a 64 x 256 fp32 accumulator each, 128 registers a thread), 3 stages of 48 KiB
+CONFIGS = {
+    "default": (128, 256, 64, 3, 256),
+    "m128n128s4": (128, 128, 64, 4, 256),
+    "m256n128s3": (256, 128, 64, 3, 256),
+}
+DEFAULT_CONFIG = "default"
+
+
+def unsupported(dtype: str, k: int, n: int, b_col: bool, arch: int | None = None, epilogue: bool = False) -> str | None:
+    """Why the TileLang kernel cannot run these inputs (a clause naming the feature), or None. arch None: not
+    checked (known only on the device)."""
+    if dtype not in DTYPES:
+        return f"supports {' / '.join(DTYPES)} only (float32 would run in TF32), got {dtype}"
+    if epilogue:
+        return "has no epilogue (bias, activation, residual)"
+    if k % 8 or (not b_col and n % 8):
+        return f"needs K{'' if b_col else ' and N'} multiples of 8 (TMA's 16-byte row strides), got K = {k}, N = {n}"
+    if arch is not None and arch not in ARCHS:
+        return f"runs on sm_90 (Hopper: wgmma, TMA) only, got sm_{arch}"
+    return None
+
+
+def unsupported_inputs(kwargs) -> str | None:
+    """`unsupported` for a call's arguments (backends.unsupported_inputs; b as the reference takes it, (K, N))."""
+    a, b = kwargs["a"], kwargs["b"]
+    epilogue = any(kwargs.get(x) is not None for x in ("bias", "activation", "residual"))
+    return unsupported(str(a.dtype).removeprefix("torch."), b.shape[0], b.shape[1], False, None, epilogue)
+
+
+def kernel_name(b_col: bool, config: str = DEFAULT_CONFIG) -> str:
+    """matmul[_bcol][_<config>]"""
+    name = "matmul" + ("_bcol" if b_col else "")
+    return name if config == DEFAULT_CONFIG else f"{name}_{config}"
+
+
+def _parse(kernel: str) -> tuple[bool, str]:
+    parts = kernel.removeprefix("matmul").split("_")
+    return "bcol" in parts, next((p for p in parts if p in CONFIGS), DEFAULT_CONFIG)
+
+
+def prim_func(kernel: str, dtype: str, tilelang_target: dict):
+    """The prim_func `kernel` (kernel_name) for one dtype. Parameters: A (M, K), B (K, N) or (N, K) with _bcol
+    (reads); OUT (M, N) (writes)."""
+    import tilelang.language as T
+
+    b_col, config = _parse(kernel)
+    bm, bn, bk, stages, threads = CONFIGS[config]
+    M, N, K = T.dynamic("M N K")  # noqa: N806 - sizes
+    b_shape, b_tile = ((N, K), (bn, bk)) if b_col else ((K, N), (bk, bn))
+
+    @T.prim_func
+    def matmul(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), OUT: T.Tensor((M, N), dtype)):  # noqa: N803
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=threads) as (bx, by):
+            a_tile = T.alloc_shared((bm, bk), dtype)
+            b_tile_s = T.alloc_shared(b_tile, dtype)
+            out_tile = T.alloc_shared((bm, bn), dtype)
+            acc = T.alloc_fragment((bm, bn), "float32")
+            T.use_swizzle(SWIZZLE)
+            T.clear(acc)
+            for k in T.Pipelined(T.ceildiv(K, bk), num_stages=stages):
+                T.copy(A[by * bm, k * bk], a_tile)
+                if b_col:
+                    T.copy(B[bx * bn, k * bk], b_tile_s)
+                else:
+                    T.copy(B[k * bk, bx * bn], b_tile_s)
+                T.gemm(a_tile, b_tile_s, acc, transpose_B=b_col)
+            T.copy(acc, out_tile)
+            T.copy(out_tile, OUT[by * bm, bx * bn])
+
+    return matmul
+
+
+def variants(dtypes) -> list[tuple[str, str, str]]:
+    """(kernel, dtype, dtype) of every kernel in the given dtypes that it supports (the AOT matrix): the default
+    config, b row- and column-major."""
+    return [(kernel_name(b_col), d, d) for d in dtypes if d in DTYPES for b_col in (False, True)]
+
+
+target = tilelang_target
+
+
+def lower(kernel: str, dtype: str, _dtype: str, target: dict):
+    """TileLang's lowering of one kernel for a target (no build)."""
+    return tilelang_lower(lambda: prim_func(kernel, dtype, target), target)
+
+
+def build(kernel: str, dtype: str, _dtype: str, target: dict):
+    """TileLang's nvcc build of one kernel (TVM-FFI calling convention)."""
+    return tilelang_build(lambda: prim_func(kernel, dtype, target), target)
+
+
+@functools.cache
+def function(kernel: str, dtype: str, _dtype: str, arch: int):
+    """The compiled kernel's TVM-FFI function: kernel(a, b, out)."""
+    return tilelang_function(build(kernel, dtype, dtype, target(arch)))
