@@ -5,7 +5,9 @@ down projections over 4096 tokens, and the up projection at 16 and 64 rows. Each
 cuBLAS, and the max |difference| to cuBLAS's result relative to its largest entry. The default and the best per shape
 last.
 
-    python benchmarks/sweep_matmul.py [--shape 8192,8192,8192 ...] [--out FILE]
+With --backend tilelang, the configurations of the TileLang Hopper kernel (core.matmul_tilelang.CONFIGS) instead.
+
+    python benchmarks/sweep_matmul.py [--shape 8192,8192,8192 ...] [--backend triton|tilelang] [--out FILE]
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import triton.testing
 
 import tile_kernels.torch as tk
 from tile_kernels.core import matmul as core
+from tile_kernels.core import matmul_tilelang
 from tile_kernels.torch import _runtime
+from tile_kernels.torch._calls import cuda_arch, run_calls
 
 SHAPES = ((8192, 8192, 8192), (4096, 4096, 14336), (4096, 14336, 4096), (16, 4096, 14336), (64, 4096, 14336))
 
@@ -35,9 +39,29 @@ def candidates(m: int):
         yield core.Blocks(bm, bn, bk, warps, stages)
 
 
+def triton_calls(a, w, m: int):
+    """(label, call) of each Triton tile configuration: tk.matmul with core.blocks patched while the caller times it
+    (the generator resumes, and patches the next, after)."""
+    for b in candidates(m):
+        core.blocks = lambda *args, _b=b: _b
+        _runtime._cached_executor.cache_clear()
+        yield str(b), lambda: tk.matmul(a, w.t())
+
+
+def tilelang_calls(a, w):
+    """(label, call) of each TileLang configuration: its compiled plan run directly (b = w.t(), column-major)."""
+    (m, k), n = a.shape, w.shape[0]
+    for config in matmul_tilelang.CONFIGS:
+        plan = core.compiled_forward("tilelang", m, n, k, dtype="bfloat16", b_col=True, arch=cuda_arch(a.device),
+                                     target=_runtime.target(a.device), tile_config=config)  # fmt: skip
+        label = f"tilelang {config} {matmul_tilelang.CONFIGS[config]}"
+        yield label, lambda p=plan: run_calls(p, a, w, device=a.device)[0]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", action="append", help="M,K,N (repeatable; default: SHAPES)")
+    parser.add_argument("--backend", choices=("triton", "tilelang"), default="triton")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     shapes = [tuple(int(d) for d in s.split(",")) for s in args.shape] if args.shape else SHAPES
@@ -59,17 +83,15 @@ def main(argv=None):
         cublas = triton.testing.do_bench_cudagraph(lambda a=a, w=w: a @ w.t())
         say(f"{m}x{k}x{n} cuBLAS: {cublas * 1e3:.1f} us {flops / cublas / 1e9:.0f} TFLOP/s")
         results = []
-        for b in candidates(m):
-            core.blocks = lambda *args, _b=b: _b
-            _runtime._cached_executor.cache_clear()
+        for label, call in tilelang_calls(a, w) if args.backend == "tilelang" else triton_calls(a, w, m):
             try:
-                err = (tk.matmul(a, w.t()).float() - want.float()).abs().max().item() / scale
-                ms = triton.testing.do_bench_cudagraph(lambda a=a, w=w: tk.matmul(a, w.t()))
+                err = (call().float() - want.float()).abs().max().item() / scale
+                ms = triton.testing.do_bench_cudagraph(call)
             except Exception as e:  # a configuration that does not compile (shared memory, registers)
-                say(f"{m}x{k}x{n} {b}: {type(e).__name__}: {str(e)[:120]}")
+                say(f"{m}x{k}x{n} {label}: {type(e).__name__}: {str(e)[:120]}")
                 continue
-            results.append((ms, str(b)))
-            say(f"{m}x{k}x{n} {b}: {ms * 1e3:.1f} us {flops / ms / 1e9:.0f} TFLOP/s {cublas / ms:.2f}x cuBLAS "
+            results.append((ms, label))
+            say(f"{m}x{k}x{n} {label}: {ms * 1e3:.1f} us {flops / ms / 1e9:.0f} TFLOP/s {cublas / ms:.2f}x cuBLAS "
                 f"err {err:.2g}")  # fmt: skip
         core.blocks = default
         _runtime._cached_executor.cache_clear()

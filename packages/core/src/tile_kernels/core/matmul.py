@@ -220,16 +220,17 @@ def preferred_backend(arch: int, dtype: str, k: int, n: int, b_col: bool, epilog
     return "triton"
 
 
-def compiled_forward(backend: str, m: int, n: int, k: int, *, dtype: str, b_col: bool, arch: int,
-                     target: Target) -> Plan:  # fmt: skip
+def compiled_forward(backend: str, m: int, n: int, k: int, *, dtype: str, b_col: bool, arch: int, target: Target,
+                     tile_config: str | None = None) -> Plan:  # fmt: skip
     """The TileLang backend's forward for compute capability `arch` (90): a (M, K) and b ((K, N), or (N, K) read as
     its transpose with b_col) compact; out (M, N) compact in dtype. One Call; an empty output or K = 0 runs
-    `forward`'s plan (a TMA descriptor cannot describe an empty operand)."""
+    `forward`'s plan (a TMA descriptor cannot describe an empty operand). `tile_config`: one of
+    matmul_tilelang.CONFIGS (None: its default; benchmarks/sweep_matmul.py tries the others)."""
     check_backend(backend, dtype, k, n, b_col, False, arch)
     if not (m and n and k):
         return forward(m, n, k, dtype=dtype, target=target, b_col=b_col)
     module = backends.module(NAME, backend)
-    kernel = module.kernel_name(b_col)
+    kernel = module.kernel_name(b_col, tile_config or module.DEFAULT_CONFIG)
     load = functools.partial(module.function, kernel, dtype, dtype, arch)
     buffers = {"out": BufferSpec((m, n), dtype)}
     steps = (Call(f"tile_kernels_{backend}_{kernel}_{dtype}_sm{arch}", load, ("a", "b"), ("out",)),)
