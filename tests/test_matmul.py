@@ -155,6 +155,7 @@ needs_tilelang = pytest.mark.skipif(__import__("importlib").util.find_spec("tile
 def test_tilelang_backend_refuses_what_it_cannot_run():
     """Clear errors (ValueError naming the backend and the feature) for float32, an epilogue, unaligned rows and
     GPUs other than Hopper; its plan: one Call, or the Triton plan for an empty product."""
+    from tile_kernels.core import backends
     from tile_kernels.core.backends import Call
     from tile_kernels.core.plan import Launch
 
@@ -168,7 +169,7 @@ def test_tilelang_backend_refuses_what_it_cannot_run():
         with pytest.raises(ValueError, match=f"matmul: backend 'tilelang' {match}.*; backend='triton' runs it"):
             mm.check_backend("tilelang", *args)
     mm.check_backend("tilelang", "bfloat16", 64, 60, True, False, 90)  # N of a column-major b: any
-    assert mm.preferred_backend(90, "bfloat16", 4096, 4096, True, False) == "triton"  # until measured
+    assert backends.resolve(mm.NAME, None, "cuda") == "triton"  # the default until the kernel is measured
     target = Target(num_sms=132, cuda_arch=90)
     plan = mm.compiled_forward("tilelang", 300, 2048, 1024, dtype="bfloat16", b_col=True, arch=90, target=target)
     assert [type(s) for s in plan.launches] == [Call] and plan.launches[0].reads == ("a", "b")

@@ -70,13 +70,12 @@ def fp8_matmul_kernel(
 
 def out_dtype_name(out_dtype) -> str:
     """'bfloat16' for "bfloat16", torch.bfloat16, jnp.bfloat16 and np.dtype alike."""
-    name = dtype_name(out_dtype)  # strings and torch dtypes (np.dtype() of one fails inside torch.compile's trace)
-    if name in FLOAT_DTYPES or isinstance(out_dtype, str) or type(out_dtype).__module__ == "torch":
-        return name
+    if isinstance(out_dtype, str) or type(out_dtype).__module__ == "torch":  # np.dtype(torch's) fails under compile
+        return dtype_name(out_dtype)
     try:
         return np.dtype(out_dtype).name
     except TypeError:
-        return name
+        return dtype_name(out_dtype)
 
 
 def check(a, a_scales, b, b_scales, out_dtype="bfloat16") -> None:

@@ -63,12 +63,17 @@ def _round_to_e4m3(v):
 
 
 @triton.jit
+def _block_scale(amax):
+    """amax / 448 (e4m3's largest magnitude), 1 for an all-zero block, rounded correctly (div_rn)."""
+    return tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+
+
+@triton.jit
 def quantize_block_rows(y):
     """y (rows, 128) float32, a 1 x 128 block a row -> (codes as float32 e4m3 values, scales (rows,)): scale = amax /
     448 (1 for an all-zero block), code = rne_e4m3(y / scale). The ops that fuse the cast (rms_norm_fp8_quantize,
     swiglu_fp8_quantize) call it on their output tile."""
-    amax = tl.max(tl.abs(y), axis=1)
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+    scale = _block_scale(tl.max(tl.abs(y), axis=1))
     return _round_to_e4m3(tl.math.div_rn(y, scale[:, None])), scale
 
 
@@ -104,8 +109,7 @@ def fp8_quantize_kernel(
     if BLOCK_ROWS == 1:
         store_row_blocks(x, CODES, SCALES, row0, R, K, col0, BLOCK_R, BLOCK_K)
     else:  # BLOCK_R == BLOCK_ROWS, BLOCK_K == 128: the tile is one block
-        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-        scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+        scale = _block_scale(tl.max(tl.max(tl.abs(x), axis=1), axis=0))
         tl.store(SCALES + tl.program_id(0).to(tl.int64) * (K // 128) + tl.program_id(1), scale)
         codes = _round_to_e4m3(tl.math.div_rn(x, scale))
         out = CODES + row0.to(tl.int64) * K + rr[:, None] * K + col0 + kk[None, :]

@@ -12,7 +12,8 @@ the leading dimension, a runtime int. K and the leading dimensions pass in 16-el
 (plan.in_units): the loads vectorize and the K mask is constant over 16 elements, which Triton's pipeliner needs to
 stage the loads asynchronously (cp.async), under any launcher. Out-of-range rows and columns wrap to the tile's
 first ones and are never stored: only the K tail is masked. Design limits: no split of K (a decode-sized M with few
-output tiles runs few programs), no persistent scheduler, no TMA descriptors, no TileLang sm_90a kernel yet.
+output tiles runs few programs), no persistent scheduler, no TMA descriptors. backend="tilelang": a Hopper kernel
+(matmul_tilelang.py).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh")
 GROUP_M = 8
 UNIT_ARGS = ("N", "K", "lda", "ldb", "ldr", "ldo")  # and M when a is column-major (its contiguous dimension)
-# backend="tilelang": matmul_tilelang's Hopper kernel (no epilogue, compact operands); backend=None: preferred_backend
+# backend="tilelang": matmul_tilelang's Hopper kernel (no epilogue, compact operands); backend=None: backends.DEFAULTS
+# (Triton: the TileLang kernel has not been measured on a GPU yet)
 backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.matmul_tilelang"})
 
 
@@ -212,12 +214,6 @@ def check_backend(backend: str, dtype: str, k: int, n: int, b_col: bool, epilogu
     """Raises ValueError naming the input a resolved backend cannot run (matmul_tilelang.unsupported)."""
     if backend == "tilelang" and (why := matmul_tilelang.unsupported(dtype, k, n, b_col, arch, epilogue)):
         raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
-
-
-def preferred_backend(arch: int, dtype: str, k: int, n: int, b_col: bool, epilogue: bool) -> str:
-    """backend=None's choice: "triton" everywhere until the TileLang kernel has been measured on a GPU (its status:
-    matmul_tilelang's docstring)."""
-    return "triton"
 
 
 def compiled_forward(backend: str, m: int, n: int, k: int, *, dtype: str, b_col: bool, arch: int, target: Target,

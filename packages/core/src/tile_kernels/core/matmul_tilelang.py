@@ -15,7 +15,7 @@ torch adapter copies others); no epilogue (bias, activation, residual run on the
 multiples of 8 elements (TMA's 16-byte strides); not yet persistent (one program a tile).
 
 Status (2026-12-04): lowered and built with nvcc for sm_90a on a CPU machine; not yet run on a GPU, so matmul's
-default stays Triton (matmul.preferred_backend).
+default stays Triton (backends.DEFAULTS).
 """
 
 import functools

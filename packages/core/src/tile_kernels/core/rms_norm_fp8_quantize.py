@@ -7,11 +7,11 @@ scales[, h]) = fp8_quantize(rms_norm(x, weight, eps, residual)) in one pass over
 
 x (R, K) float32 / float16 / bfloat16 with K a multiple of 128 up to MAX_K, weight (K,) any float dtype. The bytes
 of y never reach memory: x (and the residual) read once, 1 + 4 / 128 bytes an element written (+ h). The math of
-each step is rms_norm's (norms.py) and fp8_quantize's (quantize_block_rows), so the codes are those of the two ops
+each step is rms_norm's (norms.py) and fp8_quantize's (store_row_blocks), so the codes are those of the two ops
 run one after the other on the same device. Not differentiable.
 
-rms_norm_fp8_quantize_kernel: one row a program, in registers (BLOCK_K = K rounded up to a power of 2), viewed as
-(BLOCK_K / 128, 128) blocks for the cast. Design limits: K <= MAX_K (the row in registers; no split-row path).
+rms_norm_fp8_quantize_kernel: one row a program, in registers (BLOCK_K = K rounded up to a power of 2), cast and
+stored by fp8_quantize.store_row_blocks. Design limits: K <= MAX_K (the row in registers; no split-row path).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from . import norms
-from .fp8_quantize import BLOCK, FP8, e4m3_target, fused_cast_slack, quantize, quantize_block_rows, require_e4m3
+from .fp8_quantize import BLOCK, FP8, e4m3_target, fused_cast_slack, quantize, require_e4m3, store_row_blocks
 from .norms import _load_sum, _mean
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, register, round_to
@@ -32,7 +32,7 @@ MAX_K = 16384
 
 @triton.jit
 def rms_norm_fp8_quantize_kernel(
-    X, RES, W, eps, K, ldx, ldr,
+    X, RES, W, eps, R, K, ldx, ldr,
     CODES, SCALES, H,
     HAS_RESIDUAL: tl.constexpr, BLOCK_K: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
@@ -47,11 +47,7 @@ def rms_norm_fp8_quantize_kernel(
     rstd = tl.rsqrt(_mean(tl.sum(h * h, axis=0), K) + eps)
     y = h * rstd * tl.load(W + cols, mask=mask).to(tl.float32)
     y = y.to(X.dtype.element_ty).to(tl.float32)  # rounded as rms_norm stores it
-    codes, scales = quantize_block_rows(tl.reshape(y, (BLOCK_K // 128, 128)))
-    blocks = tl.arange(0, BLOCK_K // 128)
-    tl.store(SCALES + row * (K // 128) + blocks, scales, mask=blocks < K // 128)
-    offsets = blocks[:, None] * 128 + tl.arange(0, 128)[None, :]
-    tl.store(CODES + row * K + offsets, codes.to(CODES.dtype.element_ty), mask=offsets < K)
+    store_row_blocks(tl.reshape(y, (1, BLOCK_K)), CODES, SCALES, row, R, K, 0, 1, BLOCK_K)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -81,7 +77,8 @@ def forward(r: int, k: int, *, dtype: str, weight_dtype: str, eps: float, target
         return Plan(inputs, buffers, (), outputs)
     block_k = max(BLOCK, next_power_of_2(k))
     warps = 4 if block_k <= 1024 else 8 if block_k <= 4096 else 16
-    reads = ("x", "residual" if has_residual else None, "weight", eps, k, ldx or k, (ldr or k) if has_residual else k)
+    ldr = (ldr or k) if has_residual else k
+    reads = ("x", "residual" if has_residual else None, "weight", eps, r, k, ldx or k, ldr)
     writes = ("codes", "scales", "h" if has_residual else None)
     constexprs = dict(HAS_RESIDUAL=has_residual, BLOCK_K=block_k)
     launch = Launch(rms_norm_fp8_quantize_kernel, (r,), reads, writes, constexprs, warps, 1)
