@@ -70,15 +70,19 @@ def assert_close(what: str, out: np.ndarray, ref: np.ndarray, dtype: str, slack=
 
 
 @st.composite
-def problems(draw, op: str):
+def problems(draw, op: str, backend: str | None = None):
     """(kwargs, layout seed) for one call of `op`: random leading dims (0-3 of them, zeros allowed), width, dtype,
-    options, and the layout the torch driver gives its tensors."""
+    options, and the layout the torch driver gives its tensors. A backend module's DTYPES and SUPPORTED_OPTIONS (the
+    options it runs, e.g. no epilogue) narrow the draws to what it can run."""
     info = REGISTRY[op]
     n = draw(WIDTHS)
     max_rows = max(1, min(64, (1 << 19) // n))
     lead = draw(st.lists(st.integers(0, 6), max_size=3).filter(lambda s: math.prod(s) <= max_rows))
-    dtype = draw(st.sampled_from(DTYPES))
-    options = {k: draw(st.sampled_from(v)) for k, v in info.options.items()}
+    module = backends.module(op, backend) if backend not in (None, "triton") else None
+    dtype = draw(st.sampled_from([d for d in DTYPES if d in getattr(module, "DTYPES", DTYPES)]))
+    options = {
+        k: draw(st.sampled_from(v)) for k, v in {**info.options, **getattr(module, "SUPPORTED_OPTIONS", {})}.items()
+    }
     seed = draw(st.integers(0, 2**32 - 1))
     layout = draw(st.sampled_from(("contiguous", "row_padded", "permuted")))
     return info.sample(np.random.default_rng(seed), tuple(lead) + (n,), dtype, **options), layout, seed
@@ -113,7 +117,7 @@ def _with_backend(kwargs: dict, op: str, backend: str | None) -> dict:
 # of 64) rejects most draws: what it accepts still runs
 @settings(suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow, HealthCheck.data_too_large])
 def test_forward_matches_reference(driver, op, backend, data):
-    kwargs, layout, _ = data.draw(problems(op))
+    kwargs, layout, _ = data.draw(problems(op, backend))
     outs = driver.call(op, _with_backend(kwargs, op, backend), _layout(driver, layout))
     info = REGISTRY[op]
     refs = info.reference(**kwargs)
@@ -127,7 +131,7 @@ def test_forward_matches_reference(driver, op, backend, data):
 @given(data=st.data())
 def test_gradients_match_reference(driver, op, backend, data):
     info = REGISTRY[op]
-    kwargs, layout, seed = data.draw(problems(op))
+    kwargs, layout, seed = data.draw(problems(op, backend))
     dtype = _dtype(kwargs)
     refs = info.reference(**kwargs)
     rng = np.random.default_rng(seed + 1)

@@ -31,7 +31,7 @@ FP8 = "float8_e4m3fn"
 BLOCK = 128  # the block's width along K
 E4M3_MAX = 448.0
 BLOCK_ROWS = (128, 1)
-ROW_TILE = (8, 1024)  # (rows, columns) of a program's tile with per-row scales
+ROW_TILE = (8, 1024, 4)  # (rows, columns, warps) of a program's tile with per-row scales
 
 
 def e4m3_target(target: Target) -> bool:
@@ -139,7 +139,7 @@ def forward(r: int, k: int, *, dtype: str, target: Target, block_rows: int = 1, 
     if empty:
         return Plan({"x": dtype}, buffers, (), ("codes", "scales"))
     if block_rows == 1:  # 8 rows x up to 1024 columns a program (8 blocks a row)
-        block_r, block_k, warps = ROW_TILE[0], min(ROW_TILE[1], next_power_of_2(k)), 4
+        block_r, block_k, warps = ROW_TILE[0], min(ROW_TILE[1], next_power_of_2(k)), ROW_TILE[2]
     else:  # one 128 x 128 block
         block_r, block_k, warps = BLOCK, BLOCK, 8
     grid = (cdiv(r, block_r), cdiv(k, block_k))

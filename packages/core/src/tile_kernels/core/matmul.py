@@ -37,9 +37,9 @@ NAME = "matmul"
 DTYPES = ("float32", "float16", "bfloat16")
 ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh")
 GROUP_M = 8
+MIN_TILELANG_ROWS = 128  # preferred_backend: fewer rows run Triton's small-M tiles
 UNIT_ARGS = ("N", "K", "lda", "ldb", "ldr", "ldo")  # and M when a is column-major (its contiguous dimension)
-# backend="tilelang": matmul_tilelang's Hopper kernel (no epilogue, compact operands); backend=None: backends.DEFAULTS
-# (Triton: the TileLang kernel has not been measured on a GPU yet)
+# backend="tilelang": matmul_tilelang's Hopper kernel (no epilogue, compact operands); backend=None: preferred_backend
 backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.matmul_tilelang"})
 
 
@@ -216,6 +216,16 @@ def check_backend(backend: str, dtype: str, k: int, n: int, b_col: bool, epilogu
         raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
 
 
+def preferred_backend(arch: int, dtype: str, m: int, k: int, n: int, b_col: bool, epilogue: bool) -> str:
+    """backend=None's choice on compute capability `arch` (0: not a CUDA device): the fastest measured. "tilelang" on
+    sm_90 for the inputs it runs with M >= MIN_TILELANG_ROWS (H200, 2026-12-04, bf16, b = W.t(), device time against
+    cuBLAS: 8192^3 1.00x, 4096 x 4096 x 14336 0.94x, 4096 x 14336 x 4096 0.96x; Triton's best tiles 0.86 / 0.80 /
+    0.79x; benchmarks/results/h200/notes.md); "triton" for epilogues, float32, unaligned K or N, fewer rows (its
+    small-M tiles; one 128-row TileLang tile would be mostly empty) and other architectures."""
+    tilelang = arch in matmul_tilelang.ARCHS and m >= MIN_TILELANG_ROWS
+    return "tilelang" if tilelang and not matmul_tilelang.unsupported(dtype, k, n, b_col, arch, epilogue) else "triton"
+
+
 def compiled_forward(backend: str, m: int, n: int, k: int, *, dtype: str, b_col: bool, arch: int, target: Target,
                      tile_config: str | None = None) -> Plan:  # fmt: skip
     """The TileLang backend's forward for compute capability `arch` (90): a (M, K) and b ((K, N), or (N, K) read as
@@ -268,11 +278,12 @@ def cost(kwargs) -> tuple[Cost, Cost]:
 
 
 def sample(rng: np.random.Generator, shape, dtype: str, bias=False, activation=None, residual=False) -> dict:
-    """(M, K, N) as registry.gemm_dims gives them, K in 0 .. 300 where it gives none. Normal a, b scaled by
-    1 / sqrt(K) (outputs of order 1)."""
+    """(M, K, N) as registry.gemm_dims gives them, K in 0 .. 300 where it gives none (a multiple of 8 in half the
+    draws, as model widths are: what TMA's 16-byte strides need). Normal a, b scaled by 1 / sqrt(K) (outputs of
+    order 1)."""
     m, k, n = gemm_dims(shape)
     if k is None:
-        k = int(rng.choice([0, 1, int(rng.integers(2, 300))], p=[0.05, 0.05, 0.9]))
+        k = int(rng.choice([0, 1, int(rng.integers(2, 300)), 8 * int(rng.integers(1, 38))], p=[0.05, 0.05, 0.45, 0.45]))
     return {
         "a": round_to(rng.standard_normal((m, k)), dtype),
         "b": round_to(rng.standard_normal((k, n)) / math.sqrt(max(k, 1)), dtype),

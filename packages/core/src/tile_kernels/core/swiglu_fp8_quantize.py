@@ -19,8 +19,8 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from . import checks, swiglu
-from .fp8_quantize import BLOCK, FP8, ROW_TILE, e4m3_target, fused_cast_slack, quantize, require_e4m3, store_row_blocks
+from . import checks, fp8_quantize, swiglu
+from .fp8_quantize import BLOCK, FP8, e4m3_target, fused_cast_slack, quantize, require_e4m3, store_row_blocks
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
@@ -68,11 +68,12 @@ def forward(r: int, k: int, *, dtype: str, target: Target, ldg: int | None = Non
     inputs = {"gate": dtype, "up": dtype}
     if empty:
         return Plan(inputs, buffers, (), ("codes", "scales"))
-    block_r, block_k = ROW_TILE[0], min(ROW_TILE[1], next_power_of_2(k))
+    block_r, block_k, warps = fp8_quantize.ROW_TILE
+    block_k = min(block_k, next_power_of_2(k))
     grid = (cdiv(r, block_r), cdiv(k, block_k))
     reads = ("gate", "up", r, k, ldg or k, ldu or k)
     constexprs = dict(BLOCK_R=block_r, BLOCK_K=block_k)
-    launch = Launch(swiglu_fp8_quantize_kernel, grid, reads, ("codes", "scales"), constexprs, 4, 1)
+    launch = Launch(swiglu_fp8_quantize_kernel, grid, reads, ("codes", "scales"), constexprs, warps, 1)
     return Plan(inputs, buffers, (in_units(launch, "K", "ldg", "ldu", units=(16,)),), ("codes", "scales"))
 
 

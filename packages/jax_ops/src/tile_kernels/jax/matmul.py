@@ -41,10 +41,13 @@ def matmul(
     """act(a @ b + bias) + residual: a (M, K), b (K, N), bias (N,), residual (M, N), all in a's dtype (float16 /
     bfloat16 / float32); fp32 accumulation, one rounding. activation: None, "silu", "gelu" (erf) or "gelu_tanh".
     Returns (M, N) in a's dtype. backend: "triton", "tilelang" (Hopper; float16 / bfloat16, no epilogue) or None for
-    the default of the device. Not differentiable."""
+    the fastest measured for these inputs on the device (core.preferred_backend). Not differentiable."""
     core.check(a, b, bias, activation, residual)
     epilogue = bias is not None or activation is not None or residual is not None
-    backend = backends.resolve(core.NAME, backend, platform(core.NAME), needs=("jax_tvm_ffi",))
+    where, preferred = platform(core.NAME), None
+    if backend is None and where == "cuda":
+        preferred = core.preferred_backend(cuda_arch(), dtype_name(a.dtype), *a.shape, b.shape[1], False, epilogue)
+    backend = backends.resolve(core.NAME, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
     core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1], False, epilogue)
     arrays = (a, b) + tuple(x for x in (bias, residual) if x is not None)
     return _call(activation, bias is not None, residual is not None, backend)(*arrays)[0]

@@ -75,14 +75,19 @@ def matmul(
     """act(a @ b + bias) + residual: a (M, K), b (K, N) (row- or column-major: `x @ W.t()` reads a Linear weight W
     in place), bias (N,), residual (M, N), all in a's dtype (float16 / bfloat16 / float32); fp32 accumulation, one
     rounding. activation: None, "silu", "gelu" (erf) or "gelu_tanh". Returns (M, N) in a's dtype. backend: "triton",
-    "tilelang" (Hopper; float16 / bfloat16, no epilogue) or None for the device's default (Triton). Not
-    differentiable."""
+    "tilelang" (Hopper; float16 / bfloat16, no epilogue) or None for the fastest measured for these inputs
+    on the device (core.preferred_backend: TileLang on Hopper where it runs). Not differentiable."""
     _, device = validated(core.NAME, core.check, ("a", "b", "bias", None, "residual"), a, b, bias, activation,
                           residual)  # fmt: skip
-    backend = resolve_backend(core.NAME, backend, device)
+    epilogue = bias is not None or activation is not None or residual is not None
+    b_col = b.shape[1] > 1 and b.stride(0) == 1
+    preferred = None
+    if backend is None and device.type == "cuda":
+        preferred = core.preferred_backend(
+            cuda_arch(device), dtype_name(a.dtype), *a.shape, b.shape[1], b_col, epilogue
+        )
+    backend = resolve_backend(core.NAME, backend, device, preferred)
     if backend != "triton":
-        epilogue = bias is not None or activation is not None or residual is not None
-        b_col = b.shape[1] > 1 and b.stride(0) == 1
         core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1], b_col, epilogue)
     return matmul_fwd(a, b, bias, activation, residual, backend)
 
