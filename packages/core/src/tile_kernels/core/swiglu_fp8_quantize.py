@@ -10,7 +10,7 @@ gate-up projection cost no copy). y never reaches memory: 2 inputs read, 1 + 4 /
 math is swiglu's (swiglu.py) and fp8_quantize's (quantize_block_rows), so the codes are those of the two ops run
 one after the other on the same device. Not differentiable.
 
-swiglu_fp8_quantize_kernel: an (8, 1024) tile a program, as fp8_quantize's (fp8_quantize.ROW_TILE).
+swiglu_fp8_quantize_kernel: a tile a program, as fp8_quantize's (fp8_quantize.ROW_TILE).
 """
 
 from __future__ import annotations

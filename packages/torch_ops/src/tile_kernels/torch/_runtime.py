@@ -16,7 +16,7 @@ import math
 
 import torch
 from torch._functorch import config as functorch_config
-from torch.library import triton_op, wrap_triton
+from torch.library import custom_op, triton_op, wrap_triton
 from triton import knobs
 
 from tile_kernels.core import Plan, Target
@@ -73,6 +73,29 @@ def eager_op(name: str, impl, setup_context=None, backward=None, mutates_args=()
     call.__name__ = call.__qualname__ = name
     call.__doc__ = impl.__doc__
     return call
+
+
+def compiled_op(name: str):
+    """Decorator: registers `impl` (a call of TVM-FFI compiled functions, opaque to torch.compile) as the custom op
+    tile_kernels::<name> and returns its call: `impl(*args)` directly in eager mode (eager_op's conditions: custom
+    op dispatch costs host time a call), the op otherwise. `.register_fake` registers the op's fake implementation."""
+
+    def wrap(impl):
+        op = custom_op(f"tile_kernels::{name}", mutates_args=())(impl)
+
+        def call(*args):
+            if _compiling() or _dispatch_modes() or _functorch_transforms():
+                return op(*args)
+            if any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args):
+                return op(*args)
+            return impl(*args)
+
+        call.register_fake = op.register_fake
+        call.__name__ = call.__qualname__ = name
+        call.__doc__ = impl.__doc__
+        return call
+
+    return wrap
 
 
 def register_public_op(schema: str, fn) -> None:

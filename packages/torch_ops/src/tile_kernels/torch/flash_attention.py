@@ -9,13 +9,12 @@ Triton backward: core.compiled_backward_unsupported)."""
 from __future__ import annotations
 
 import torch
-from torch.library import custom_op
 
 from tile_kernels.core import dtype_name
 from tile_kernels.core import flash_attention as core
 
 from ._calls import cuda_arch, resolve_backend, run_calls
-from ._runtime import eager_op, executor, register_public_op, target, validated
+from ._runtime import compiled_op, eager_op, executor, register_public_op, target, validated
 
 
 def _bshd(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
@@ -33,7 +32,7 @@ def _settings(q, k, v, causal, left, right, scale, softcap):
     return (batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim), settings, (q, k, v)
 
 
-@custom_op("tile_kernels::flash_attention_fwd_compiled", mutates_args=())
+@compiled_op("flash_attention_fwd_compiled")
 def flash_attention_fwd_compiled(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window_left: int, window_right: int,
     softmax_scale: float, softcap: float, backend: str,
@@ -79,7 +78,7 @@ def _bwd(
     return dq, dk, dv
 
 
-@custom_op("tile_kernels::flash_attention_bwd_compiled", mutates_args=())
+@compiled_op("flash_attention_bwd_compiled")
 def flash_attention_bwd_compiled(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     causal: bool, window_left: int, window_right: int, softmax_scale: float, softcap: float, backend: str,

@@ -5,13 +5,12 @@ fake implementation)."""
 from __future__ import annotations
 
 import torch
-from torch.library import custom_op
 
 from tile_kernels.core import dtype_name
 from tile_kernels.core import matmul as core
 
 from ._calls import cuda_arch, resolve_backend, run_calls
-from ._runtime import eager_op, executor, register_public_op, target, unit_last, validated
+from ._runtime import compiled_op, eager_op, executor, register_public_op, target, unit_last, validated
 
 
 def _operand(t: torch.Tensor) -> tuple[torch.Tensor, bool, int]:
@@ -25,7 +24,7 @@ def _operand(t: torch.Tensor) -> tuple[torch.Tensor, bool, int]:
     return t.contiguous(), False, cols
 
 
-@custom_op("tile_kernels::matmul_fwd_compiled", mutates_args=())
+@compiled_op("matmul_fwd_compiled")
 def matmul_fwd_compiled(a: torch.Tensor, b: torch.Tensor, backend: str) -> torch.Tensor:
     """a @ b through the TileLang kernel: b compact (K, N), or the transpose of a compact (N, K) (a Linear weight's
     .t(), read as it is); other layouts are copied."""

@@ -5,16 +5,15 @@ the Triton combine; opaque to torch.compile, with a fake implementation)."""
 from __future__ import annotations
 
 import torch
-from torch.library import custom_op
 
 from tile_kernels.core import dtype_name
 from tile_kernels.core import mla_decode as core
 
 from ._calls import cuda_arch, resolve_backend, run_calls
-from ._runtime import eager_op, executor, register_public_op, target, unit_last, validated
+from ._runtime import compiled_op, eager_op, executor, register_public_op, target, unit_last, validated
 
 
-@custom_op("tile_kernels::mla_decode_fwd_compiled", mutates_args=())
+@compiled_op("mla_decode_fwd_compiled")
 def mla_decode_fwd_compiled(
     q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: torch.Tensor | None, softmax_scale: float, backend: str,

@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.library import custom_op
 
 from tile_kernels.core import dtype_name, norms
 from tile_kernels.core import layer_norm as layer_core
 from tile_kernels.core import rms_norm as rms_core
 
 from ._calls import cuda_arch, resolve_backend, run_calls
-from ._runtime import as_rows, eager_op, executor, register_public_op, target, validated
+from ._runtime import as_rows, compiled_op, eager_op, executor, register_public_op, target, validated
 
 NO_TENSOR = (0,)  # shape of the placeholder returned for an absent output (h without residual, dbias without bias)
 
@@ -65,7 +64,7 @@ def _compact(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     return None if t is None else t.reshape(1, math.prod(t.shape[:-1]), n).contiguous()
 
 
-@custom_op("tile_kernels::rms_norm_fwd_compiled", mutates_args=())
+@compiled_op("rms_norm_fwd_compiled")
 def rms_norm_fwd_compiled(
     x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -87,7 +86,7 @@ def _(x, weight, residual, eps, backend):
     return x.new_empty(x.shape), h, x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
-@custom_op("tile_kernels::rms_norm_bwd_compiled", mutates_args=())
+@compiled_op("rms_norm_bwd_compiled")
 def rms_norm_bwd_compiled(
     dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, dh: torch.Tensor | None, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
