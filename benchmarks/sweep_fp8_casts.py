@@ -4,7 +4,7 @@ at 2^26 elements, bf16, over row widths, beside torch.compile of the same math. 
 bandwidth measured in the same run (algorithmic bytes: inputs read once, codes and scales written once); the
 default tile is marked *.
 
-    python benchmarks/sweep_fp8_casts.py [--out FILE]
+    python benchmarks/sweep_fp8_casts.py [--tile 16,256,4 ...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ def _compiled_quantize(x):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the lines to this file")
+    parser.add_argument("--tile", action="append", help="only this tile, as rows,columns,warps (repeatable)")
     args = parser.parse_args()
+    tiles = [tuple(map(int, t.split(","))) for t in args.tile] if args.tile else TILES
     lines = []
 
     def emit(line: str) -> None:
@@ -67,7 +69,7 @@ def main() -> None:
             ms = triton.testing.do_bench_cudagraph(peer)
             emit(f"{name} {x.shape[0]}x{k} torch.compile: {ms * 1e3:.1f} us {100 * nbytes / ms / 1e6 / copy_gbs:.0f}%")
             best = None
-            for tile in TILES:
+            for tile in tiles:
                 fp8_quantize.ROW_TILE = tile
                 _runtime._cached_executor.cache_clear()
                 ms = triton.testing.do_bench_cudagraph(call)

@@ -7,7 +7,7 @@ largest magnitude; 1 for an all-zero block), and its codes x / scale rounded to 
     scales[i, j] = max |x[block (i, j)]| / 448      codes[r, k] = rne_e4m3(x[r, k] / scales[r // block_rows, k // 128])
 
 Returns codes (R, K) float8_e4m3fn and scales (R / block_rows, K / 128) float32: fp8_matmul's a and a_scales
-(block_rows 1) or b and b_scales (block_rows 128). Both divisions are IEEE round-to-nearest (div_rn) and the e4m3
+(block_rows 1) or b and b_scales (block_rows 128). Both divisions round as IEEE division (_divide) and the e4m3
 rounding is done in float32 arithmetic, so a GPU, the interpreter and the NumPy reference give the same bits. Not
 differentiable.
 
@@ -71,12 +71,30 @@ def _block_scale(amax):
 
 
 @triton.jit
+def _divide(y, scale):
+    """y / scale rounded as IEEE division (div_rn) for a scale shared by many y: per-element division has a slow path
+    for zero and subnormal operands (an all-zero block halves the cast's speed). One reciprocal r = RN(1 / s) a
+    scale, q = RN(y r) (within 1.5 ulp), then two Newton-Markstein corrections q += (y - q s) r, each residual an
+    exact FMA: the second starts within 1 ulp, so it rounds to RN(y / s) (Markstein's theorem) unless the quotient
+    underflows, and quotients below 2^-126 round to a zero code anyway. Scales below 2^-64 (whose reciprocal
+    would overflow) are scaled by 2^64 together with y, exactly. Zeros keep their sign."""
+    f = tl.where(scale < 5.421010862427522e-20, 18446744073709551616.0, 1.0)  # 2^-64, 2^64
+    s = scale * f
+    r = tl.math.div_rn(1.0, s)
+    yf = y * f
+    q = yf * r
+    q = tl.fma(tl.fma(q, -s, yf), r, q)
+    q = tl.fma(tl.fma(q, -s, yf), r, q)
+    return tl.where(y == 0, y, q)
+
+
+@triton.jit
 def quantize_block_rows(y):
     """y (rows, 128) float32, a 1 x 128 block a row -> (codes as float32 e4m3 values, scales (rows,)): scale = amax /
     448 (1 for an all-zero block), code = rne_e4m3(y / scale). The ops that fuse the cast (rms_norm_fp8_quantize,
     swiglu_fp8_quantize) call it on their output tile."""
     scale = _block_scale(tl.max(tl.abs(y), axis=1))
-    return _round_to_e4m3(tl.math.div_rn(y, scale[:, None])), scale
+    return _round_to_e4m3(_divide(y, scale[:, None])), scale
 
 
 @triton.jit
@@ -113,7 +131,7 @@ def fp8_quantize_kernel(
     else:  # BLOCK_R == BLOCK_ROWS, BLOCK_K == 128: the tile is one block
         scale = _block_scale(tl.max(tl.max(tl.abs(x), axis=1), axis=0))
         tl.store(SCALES + tl.program_id(0).to(tl.int64) * (K // 128) + tl.program_id(1), scale)
-        codes = _round_to_e4m3(tl.math.div_rn(x, scale))
+        codes = _round_to_e4m3(_divide(x, scale))
         out = CODES + row0.to(tl.int64) * K + rr[:, None] * K + col0 + kk[None, :]
         tl.store(out, codes.to(CODES.dtype.element_ty), mask=mask)
 
