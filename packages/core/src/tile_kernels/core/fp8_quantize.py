@@ -81,10 +81,10 @@ def _divide(y, scale):
     f = tl.where(scale < 5.421010862427522e-20, 18446744073709551616.0, 1.0)  # 2^-64, 2^64
     s = scale * f
     r = tl.math.div_rn(1.0, s)
-    yf = y * f
-    q = yf * r
-    q = tl.fma(tl.fma(q, -s, yf), r, q)
-    q = tl.fma(tl.fma(q, -s, yf), r, q)
+    y = y * f
+    q = y * r
+    q = tl.fma(tl.fma(q, -s, y), r, q)
+    q = tl.fma(tl.fma(q, -s, y), r, q)
     return tl.where(y == 0, y, q)
 
 
