@@ -4,6 +4,8 @@ jit / vmap, torch opcheck and torch.compile) and the benchmark peers on every ep
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from conftest import DEVICE, OPCHECK_UTILS
@@ -153,29 +155,49 @@ needs_tilelang = pytest.mark.skipif(__import__("importlib").util.find_spec("tile
 
 
 def test_tilelang_backend_refuses_what_it_cannot_run():
-    """Clear errors (ValueError naming the backend and the feature) for float32, an epilogue, unaligned rows and
-    GPUs other than Hopper; its plan: one Call, or the Triton plan for an empty product."""
-    from tile_kernels.core import backends
+    """Clear errors (ValueError naming the backend and the feature) for float32, unaligned rows and GPUs other than
+    Hopper; backend=None's choice; its plan: one Call reading the epilogue's operands, or the Triton plan for an empty
+    product."""
     from tile_kernels.core.backends import Call
     from tile_kernels.core.plan import Launch
 
     for args, match in [
-        (("float32", 64, 64, True, False), "supports float16 / bfloat16 only"),
-        (("bfloat16", 64, 64, True, True), "has no epilogue"),
-        (("bfloat16", 60, 64, True, False), "needs K multiples of 8"),
-        (("bfloat16", 64, 60, False, False), "needs K and N multiples of 8"),
-        (("bfloat16", 64, 64, True, False, 80), "runs on sm_90 \\(Hopper: wgmma, TMA\\) only, got sm_80"),
+        (("float32", 64, 64, True), "supports float16 / bfloat16 only"),
+        (("bfloat16", 60, 64, True), "needs K multiples of 8"),
+        (("bfloat16", 64, 60, False), "needs K and N multiples of 8"),
+        (("bfloat16", 64, 64, True, 80), "runs on sm_90 \\(Hopper: wgmma, TMA\\) only, got sm_80"),
     ]:
         with pytest.raises(ValueError, match=f"matmul: backend 'tilelang' {match}.*; backend='triton' runs it"):
             mm.check_backend("tilelang", *args)
-    mm.check_backend("tilelang", "bfloat16", 64, 60, True, False, 90)  # N of a column-major b: any
-    assert backends.resolve(mm.NAME, None, "cuda") == "triton"  # the default until the kernel is measured
+    mm.check_backend("tilelang", "bfloat16", 64, 60, True, 90)  # N of a column-major b: any
+    assert mm.preferred_backend(90, "bfloat16", 4096, 4096, 4096, True, False) == "tilelang"
+    shape = (4096, 4096, 4096)
+    for args in [(90, "bfloat16", 64, 4096, 4096, True, False), (90, "bfloat16", *shape, True, True),
+                 (90, "float32", *shape, True, False), (80, "bfloat16", *shape, True, False),
+                 (90, "bfloat16", 4096, 4100, 4096, True, False), (0, "bfloat16", *shape, True, False)]:  # fmt: skip
+        assert mm.preferred_backend(*args) == "triton", args
     target = Target(num_sms=132, cuda_arch=90)
     plan = mm.compiled_forward("tilelang", 300, 2048, 1024, dtype="bfloat16", b_col=True, arch=90, target=target)
     assert [type(s) for s in plan.launches] == [Call] and plan.launches[0].reads == ("a", "b")
     assert plan.launches[0].key == "tile_kernels_tilelang_matmul_bcol_bfloat16_sm90"
-    empty = mm.compiled_forward("tilelang", 300, 2048, 0, dtype="float16", b_col=False, arch=90, target=target)
-    assert all(isinstance(s, Launch) for s in empty.launches)  # Triton's kernel writes the zeros
+    plan = mm.compiled_forward("tilelang", 300, 2048, 1024, dtype="float16", b_col=False, arch=90, target=target,
+                               activation="gelu_tanh", has_bias=True, has_residual=True)  # fmt: skip
+    assert plan.launches[0].reads == tuple(plan.inputs) == ("a", "b", "bias", "residual")
+    assert plan.launches[0].key == "tile_kernels_tilelang_matmul_bias_gelutanh_res_float16_sm90"
+    empty = mm.compiled_forward("tilelang", 300, 2048, 0, dtype="float16", b_col=False, arch=90, target=target,
+                                activation="silu", has_residual=True)  # fmt: skip
+    assert all(isinstance(s, Launch) for s in empty.launches)  # Triton's kernel writes act(0) + residual
+    assert tuple(empty.inputs) == ("a", "b", "residual")
+
+
+def test_tilelang_kernel_names_round_trip():
+    from tile_kernels.core import matmul_tilelang as tl_mm
+
+    for b_col, config, bias, activation, residual in itertools.product(
+        (False, True), tl_mm.CONFIGS, (False, True), mm.ACTIVATIONS, (False, True)
+    ):
+        name = tl_mm.kernel_name(b_col, config, bias, activation, residual)
+        assert tl_mm._parse(name) == (b_col, config, bias, activation, residual), name
 
 
 @needs_torch
@@ -191,13 +213,15 @@ def test_tilelang_backend_on_the_cpu_is_a_clear_error():
 
 
 @needs_tilelang
-@pytest.mark.parametrize("b_col", [False, True])
-def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code(b_col):
-    """TMA loads, wgmma and a producer warp group (register reallocation) in the lowered sm_90a source."""
+@pytest.mark.parametrize("b_col, epilogue", [(False, False), (True, False), (False, True)])
+def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code(b_col, epilogue):
+    """TMA loads, wgmma and a producer warp group (register reallocation) in the lowered sm_90a source; with the
+    epilogue (bias, gelu_tanh, residual), its exponential and the bias and residual reads."""
     from tile_kernels.core import matmul_tilelang as tl_mm
 
-    source = tl_mm.lower(tl_mm.kernel_name(b_col), "bfloat16", "bfloat16", tl_mm.target(90)).kernel_source
-    for feature in ("tma_load", "wgmma", "warpgroup_reg_alloc", "tma_store"):
+    kernel = tl_mm.kernel_name(b_col, tl_mm.DEFAULT_CONFIG, epilogue, "gelu_tanh" if epilogue else None, epilogue)
+    source = tl_mm.lower(kernel, "bfloat16", "bfloat16", tl_mm.target(90)).kernel_source
+    for feature in ("tma_load", "wgmma", "warpgroup_reg_alloc", "tma_store") + ("expf", "BIAS[", "RES[") * epilogue:
         assert feature in source, feature
 
 
@@ -206,14 +230,17 @@ def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code(b_col):
 @pytest.mark.parametrize("framework", sorted(DRIVERS))
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("m, k, n", [(1, 256, 8), (300, 1032, 520), (4096, 4096, 4096), (129, 264, 256)])
-def test_tilelang_matches_the_reference(framework, dtype, m, k, n):
-    """Edges of every tile dimension (M, N, K not multiples of the tiles), b row-major (both frameworks) and a
-    Linear weight's .t() (torch)."""
+@pytest.mark.parametrize("epilogue", [{}, {"bias": True, "activation": "silu", "residual": True},
+                                      {"bias": True, "activation": "gelu"}, {"activation": "gelu_tanh"},
+                                      {"residual": True}])  # fmt: skip
+def test_tilelang_matches_the_reference(framework, dtype, m, k, n, epilogue):
+    """Edges of every tile dimension (M, N, K not multiples of the tiles), each part of the epilogue, b row-major
+    (both frameworks) and a Linear weight's .t() (torch)."""
     import torch
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the TileLang kernel is written for sm_90")
-    kwargs = mm.sample(np.random.default_rng(m + k + n), (m, k, n), dtype)
+    kwargs = mm.sample(np.random.default_rng(m + k + n), (m, k, n), dtype, **epilogue)
     want = mm.reference(**kwargs)[0]
     out = DRIVERS[framework]("gpu").call("matmul", {**kwargs, "backend": "tilelang"})[0]
     assert_close("matmul tilelang", out, want, dtype)
@@ -222,10 +249,13 @@ def test_tilelang_matches_the_reference(framework, dtype, m, k, n):
 
         a = torch.from_numpy(kwargs["a"].astype(np.float32)).to("cuda", getattr(torch, dtype))
         w = torch.from_numpy(kwargs["b"].T.astype(np.float32)).to("cuda", getattr(torch, dtype)).contiguous()
-        got = tk.matmul(a, w.t(), backend="tilelang").double().cpu().numpy()
+        extra = {name: torch.from_numpy(kwargs[name].astype(np.float32)).to("cuda", a.dtype)
+                 for name in ("bias", "residual") if kwargs[name] is not None}  # fmt: skip
+        extra["activation"] = kwargs["activation"]
+        got = tk.matmul(a, w.t(), **extra, backend="tilelang").double().cpu().numpy()
         assert_close("matmul tilelang, b = W.t()", got, want, dtype)
 
         def layer(a):
-            return tk.matmul(a, w.t(), backend="tilelang")
+            return tk.matmul(a, w.t(), **extra, backend="tilelang")
 
         torch.testing.assert_close(torch.compile(layer, fullgraph=True)(a), layer(a))

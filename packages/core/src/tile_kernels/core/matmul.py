@@ -210,37 +210,40 @@ def forward(m: int, n: int, k: int, *, dtype: str, target: Target, activation: s
     return Plan(inputs, buffers, (launch,), ("out",))
 
 
-def check_backend(backend: str, dtype: str, k: int, n: int, b_col: bool, epilogue: bool, arch: int | None = None):
+def check_backend(backend: str, dtype: str, k: int, n: int, b_col: bool, arch: int | None = None):
     """Raises ValueError naming the input a resolved backend cannot run (matmul_tilelang.unsupported)."""
-    if backend == "tilelang" and (why := matmul_tilelang.unsupported(dtype, k, n, b_col, arch, epilogue)):
+    if backend == "tilelang" and (why := matmul_tilelang.unsupported(dtype, k, n, b_col, arch)):
         raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
 
 
 def preferred_backend(arch: int, dtype: str, m: int, k: int, n: int, b_col: bool, epilogue: bool) -> str:
     """backend=None's choice on compute capability `arch` (0: not a CUDA device): the fastest measured. "tilelang" on
-    sm_90 for the inputs it runs with M >= MIN_TILELANG_ROWS (H200, 2026-12-04, bf16, b = W.t(), device time against
-    cuBLAS: 8192^3 1.00x, 4096 x 4096 x 14336 0.94x, 4096 x 14336 x 4096 0.96x; Triton's best tiles 0.86 / 0.80 /
-    0.79x; benchmarks/results/h200/notes.md); "triton" for epilogues, float32, unaligned K or N, fewer rows (its
-    small-M tiles; one 128-row TileLang tile would be mostly empty) and other architectures."""
-    tilelang = arch in matmul_tilelang.ARCHS and m >= MIN_TILELANG_ROWS
-    return "tilelang" if tilelang and not matmul_tilelang.unsupported(dtype, k, n, b_col, arch, epilogue) else "triton"
+    sm_90 for the inputs it runs with M >= MIN_TILELANG_ROWS and no epilogue (H200, 2026-12-04, bf16, b = W.t(),
+    device time against cuBLAS: 8192^3 1.00x, 4096 x 4096 x 14336 0.94x, 4096 x 14336 x 4096 0.96x; Triton's best
+    tiles 0.86 / 0.80 / 0.79x; benchmarks/results/h200/notes.md); "triton" for float32, unaligned K or N, fewer rows
+    (its small-M tiles; one 128-row TileLang tile would be mostly empty), other architectures, and epilogues (the
+    TileLang epilogue has not been timed yet)."""
+    tilelang = arch in matmul_tilelang.ARCHS and m >= MIN_TILELANG_ROWS and not epilogue
+    return "tilelang" if tilelang and not matmul_tilelang.unsupported(dtype, k, n, b_col, arch) else "triton"
 
 
 def compiled_forward(backend: str, m: int, n: int, k: int, *, dtype: str, b_col: bool, arch: int, target: Target,
+                     activation: str | None = None, has_bias: bool = False, has_residual: bool = False,
                      tile_config: str | None = None) -> Plan:  # fmt: skip
     """The TileLang backend's forward for compute capability `arch` (90): a (M, K) and b ((K, N), or (N, K) read as
-    its transpose with b_col) compact; out (M, N) compact in dtype. One Call; an empty output or K = 0 runs
-    `forward`'s plan (a TMA descriptor cannot describe an empty operand). `tile_config`: one of
+    its transpose with b_col), bias (N,) and residual (M, N) compact; out (M, N) compact in dtype. One Call; an empty
+    output or K = 0 runs `forward`'s plan (a TMA descriptor cannot describe an empty operand). `tile_config`: one of
     matmul_tilelang.CONFIGS (None: its default; benchmarks/sweep_matmul.py tries the others)."""
-    check_backend(backend, dtype, k, n, b_col, False, arch)
+    check_backend(backend, dtype, k, n, b_col, arch)
+    epilogue = dict(activation=activation, has_bias=has_bias, has_residual=has_residual)
     if not (m and n and k):
-        return forward(m, n, k, dtype=dtype, target=target, b_col=b_col)
+        return forward(m, n, k, dtype=dtype, target=target, b_col=b_col, **epilogue)
     module = backends.module(NAME, backend)
-    kernel = module.kernel_name(b_col, tile_config or module.DEFAULT_CONFIG)
+    kernel = module.kernel_name(b_col, tile_config or module.DEFAULT_CONFIG, has_bias, activation, has_residual)
     load = functools.partial(module.function, kernel, dtype, dtype, arch)
-    buffers = {"out": BufferSpec((m, n), dtype)}
-    steps = (Call(f"tile_kernels_{backend}_{kernel}_{dtype}_sm{arch}", load, ("a", "b"), ("out",)),)
-    return Plan({"a": dtype, "b": dtype}, buffers, steps, ("out",))
+    reads = ("a", "b") + ("bias",) * has_bias + ("residual",) * has_residual
+    steps = (Call(f"tile_kernels_{backend}_{kernel}_{dtype}_sm{arch}", load, reads, ("out",)),)
+    return Plan(dict.fromkeys(reads, dtype), {"out": BufferSpec((m, n), dtype)}, steps, ("out",))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

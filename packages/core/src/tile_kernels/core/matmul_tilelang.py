@@ -1,4 +1,4 @@
-"""matmul's TileLang kernel for Hopper (backend="tilelang"): out = a @ b, the math of matmul.py without an epilogue.
+"""matmul's TileLang kernel for Hopper (backend="tilelang"): out = act(a @ b + bias) + residual, the math of matmul.py.
 
 One program per (BLOCK_M, BLOCK_N) output tile, the tiles visited in panels of SWIZZLE tile columns
 (T.use_swizzle: a panel's programs share a's row blocks and b's column blocks in L2). a (M, K) row-major and b either
@@ -6,15 +6,17 @@ One program per (BLOCK_M, BLOCK_N) output tile, the tiles visited in panels of S
 W itself and multiplies by its transpose). K streams through a T.Pipelined loop of `stages` shared buffers: TileLang
 lowers the tile copies to TMA, the products to wgmma with operands in shared memory and the loop to a TMA producer
 warp group beside the consumer warp groups (warp specialization, mbarriers, setmaxnreg), on its own for sm_90a. The
-fp32 accumulator is rounded once to the output dtype and leaves through shared memory (a TMA store).
+fp32 accumulator goes through the epilogue (bias from a shared copy of the tile's columns, the activation, the
+residual tile copied into the output's shared buffer), is rounded once to the output dtype and leaves through shared
+memory (a TMA store). The epilogue has not been timed on a GPU: backend=None runs epilogues on the Triton kernel.
 
 Sizes M, N, K are dynamic (no recompile per shape); tiles past M, N or K read TMA's zero fill and are not stored.
 
 Design limits: sm_90a only (`unsupported` says so elsewhere); float16 / bfloat16 in and out, compact operands (the
-torch adapter copies others); no epilogue (bias, activation, residual run on the Triton path); K and the row widths
-multiples of 8 elements (TMA's 16-byte strides); not yet persistent (one program a tile).
+torch adapter copies others); K and the row widths multiples of 8 elements (TMA's 16-byte strides); not yet
+persistent (one program a tile).
 
-backend=None runs it on sm_90 where it can (matmul.preferred_backend: the measured ratios to cuBLAS are there).
+backend=None runs it on sm_90 where it is measured faster (matmul.preferred_backend: the ratios to cuBLAS are there).
 """
 
 import functools
@@ -22,7 +24,7 @@ import functools
 from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
 
 DTYPES = ("float16", "bfloat16")
-SUPPORTED_OPTIONS = {"bias": (False,), "activation": (None,), "residual": (False,)}  # matmul's options: no epilogue
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh")  # matmul.ACTIVATIONS but None
 ARCHS = (90,)  # compute capabilities the kernel is written for
 AOT_TARGETS = ("cuda:90",)  # the AOT matrix's TileLang targets (aot.TILELANG_TARGETS) that build it
 SWIZZLE = 8  # tile columns a panel
@@ -37,13 +39,11 @@ CONFIGS = {
 DEFAULT_CONFIG = "default"
 
 
-def unsupported(dtype: str, k: int, n: int, b_col: bool, arch: int | None = None, epilogue: bool = False) -> str | None:
+def unsupported(dtype: str, k: int, n: int, b_col: bool, arch: int | None = None) -> str | None:
     """Why the TileLang kernel cannot run these inputs (a clause naming the feature), or None. arch None: not
     checked (known only on the device)."""
     if dtype not in DTYPES:
         return f"supports {' / '.join(DTYPES)} only (float32 would run in TF32), got {dtype}"
-    if epilogue:
-        return "has no epilogue (bias, activation, residual)"
     if k % 8 or (not b_col and n % 8):
         return f"needs K{'' if b_col else ' and N'} multiples of 8 (TMA's 16-byte row strides), got K = {k}, N = {n}"
     if arch is not None and arch not in ARCHS:
@@ -54,38 +54,64 @@ def unsupported(dtype: str, k: int, n: int, b_col: bool, arch: int | None = None
 def unsupported_inputs(kwargs) -> str | None:
     """`unsupported` for a call's arguments (backends.unsupported_inputs; b as the reference takes it, (K, N))."""
     a, b = kwargs["a"], kwargs["b"]
-    epilogue = any(kwargs.get(x) is not None for x in ("bias", "activation", "residual"))
-    return unsupported(str(a.dtype).removeprefix("torch."), b.shape[0], b.shape[1], False, None, epilogue)
+    return unsupported(str(a.dtype).removeprefix("torch."), b.shape[0], b.shape[1], False, None)
 
 
-def kernel_name(b_col: bool, config: str = DEFAULT_CONFIG) -> str:
-    """matmul[_bcol][_<config>]"""
-    name = "matmul" + ("_bcol" if b_col else "")
-    return name if config == DEFAULT_CONFIG else f"{name}_{config}"
+def kernel_name(b_col: bool, config: str = DEFAULT_CONFIG, has_bias: bool = False, activation: str | None = None,
+                has_residual: bool = False) -> str:  # fmt: skip
+    """matmul[_bcol][_bias][_<activation without underscores>][_res][_<config>]"""
+    parts = (
+        ["matmul"]
+        + ["bcol"] * b_col
+        + ["bias"] * has_bias
+        + [(activation or "").replace("_", "")] * bool(activation)
+        + ["res"] * has_residual
+        + [config] * (config != DEFAULT_CONFIG)
+    )
+    return "_".join(parts)
 
 
-def _parse(kernel: str) -> tuple[bool, str]:
+def _parse(kernel: str) -> tuple[bool, str, bool, str | None, bool]:
+    """(b_col, config, has_bias, activation, has_residual) of a kernel_name."""
     parts = kernel.removeprefix("matmul").split("_")
-    return "bcol" in parts, next((p for p in parts if p in CONFIGS), DEFAULT_CONFIG)
+    activation = next((a for a in ACTIVATIONS if a.replace("_", "") in parts), None)
+    config = next((p for p in parts if p in CONFIGS), DEFAULT_CONFIG)
+    return "bcol" in parts, config, "bias" in parts, activation, "res" in parts
+
+
+def _activation(y, activation: str | None):
+    """y (a float32 TIR expression) through matmul's activation, as matmul._activation writes it."""
+    import tilelang.language as T
+
+    if activation == "silu":
+        return y * T.sigmoid(y)
+    if activation == "gelu":
+        return 0.5 * y * (1.0 + T.erf(y * 0.7071067811865476))
+    if activation == "gelu_tanh":
+        return y * T.sigmoid(1.5957691216057308 * (y + 0.044715 * y * y * y))
+    return y
 
 
 def prim_func(kernel: str, dtype: str, tilelang_target: dict):
-    """The prim_func `kernel` (kernel_name) for one dtype. Parameters: A (M, K), B (K, N) or (N, K) with _bcol
-    (reads); OUT (M, N) (writes)."""
+    """The prim_func `kernel` (kernel_name) for one dtype. Parameters: A (M, K), B (K, N) or (N, K) with _bcol, BIAS
+    (N,) with _bias, RES (M, N) with _res (reads); OUT (M, N) (writes)."""
     import tilelang.language as T
 
-    b_col, config = _parse(kernel)
+    b_col, config, has_bias, activation, has_residual = _parse(kernel)
+    has_activation = activation is not None
     bm, bn, bk, stages, threads = CONFIGS[config]
+    f32 = "float32"
     M, N, K = T.dynamic("M N K")  # noqa: N806 - sizes
     b_shape, b_tile = ((N, K), (bn, bk)) if b_col else ((K, N), (bk, bn))
 
-    @T.prim_func
-    def matmul(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), OUT: T.Tensor((M, N), dtype)):  # noqa: N803
+    @T.macro
+    def body(A, B, BIAS, RES, OUT):  # noqa: N803
         with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=threads) as (bx, by):
             a_tile = T.alloc_shared((bm, bk), dtype)
             b_tile_s = T.alloc_shared(b_tile, dtype)
             out_tile = T.alloc_shared((bm, bn), dtype)
-            acc = T.alloc_fragment((bm, bn), "float32")
+            bias_tile = T.alloc_shared((bn,), dtype)
+            acc = T.alloc_fragment((bm, bn), f32)
             T.use_swizzle(SWIZZLE)
             T.clear(acc)
             for k in T.Pipelined(T.ceildiv(K, bk), num_stages=stages):
@@ -95,16 +121,73 @@ def prim_func(kernel: str, dtype: str, tilelang_target: dict):
                 else:
                     T.copy(B[k * bk, bx * bn], b_tile_s)
                 T.gemm(a_tile, b_tile_s, acc, transpose_B=b_col)
+            if has_residual:  # the residual tile into the output's buffer (zero past M and N)
+                T.copy(RES[by * bm, bx * bn], out_tile)
+            if has_bias:
+                for j in T.Parallel(bn):
+                    bias_tile[j] = T.if_then_else(bx * bn + j < N, BIAS[bx * bn + j], T.cast(0, dtype))
+            if has_bias and has_residual:
+                for i, j in T.Parallel(bm, bn):
+                    acc[i, j] = _activation(acc[i, j] + T.cast(bias_tile[j], f32), activation) + T.cast(
+                        out_tile[i, j], f32
+                    )
+            elif has_bias:
+                for i, j in T.Parallel(bm, bn):
+                    acc[i, j] = _activation(acc[i, j] + T.cast(bias_tile[j], f32), activation)
+            elif has_residual:
+                for i, j in T.Parallel(bm, bn):
+                    acc[i, j] = _activation(acc[i, j], activation) + T.cast(out_tile[i, j], f32)
+            elif has_activation:
+                for i, j in T.Parallel(bm, bn):
+                    acc[i, j] = _activation(acc[i, j], activation)
             T.copy(acc, out_tile)
             T.copy(out_tile, OUT[by * bm, bx * bn])
+
+    # annotations are factories (TileLang calls them): one buffer per parameter
+    def a_t():
+        return T.Tensor((M, K), dtype)
+
+    def b_t():
+        return T.Tensor(b_shape, dtype)
+
+    def bias_t():
+        return T.Tensor((N,), dtype)
+
+    def mn_t():
+        return T.Tensor((M, N), dtype)
+
+    if has_bias and has_residual:
+
+        @T.prim_func
+        def matmul(A: a_t, B: b_t, BIAS: bias_t, RES: mn_t, OUT: mn_t):  # noqa: N803
+            body(A, B, BIAS, RES, OUT)
+
+    elif has_bias:
+
+        @T.prim_func
+        def matmul(A: a_t, B: b_t, BIAS: bias_t, OUT: mn_t):  # noqa: N803
+            body(A, B, BIAS, None, OUT)
+
+    elif has_residual:
+
+        @T.prim_func
+        def matmul(A: a_t, B: b_t, RES: mn_t, OUT: mn_t):  # noqa: N803
+            body(A, B, None, RES, OUT)
+
+    else:
+
+        @T.prim_func
+        def matmul(A: a_t, B: b_t, OUT: mn_t):  # noqa: N803
+            body(A, B, None, None, OUT)
 
     return matmul
 
 
 def variants(dtypes) -> list[tuple[str, str, str]]:
     """(kernel, dtype, dtype) of every kernel in the given dtypes that it supports (the AOT matrix): the default
-    config, b row- and column-major."""
-    return [(kernel_name(b_col), d, d) for d in dtypes if d in DTYPES for b_col in (False, True)]
+    config, b row- and column-major, and b column-major with the whole epilogue (bias, gelu, residual)."""
+    kernels = [kernel_name(False), kernel_name(True), kernel_name(True, DEFAULT_CONFIG, True, "gelu", True)]
+    return [(kernel, d, d) for d in dtypes if d in DTYPES for kernel in kernels]
 
 
 target = tilelang_target
@@ -122,5 +205,5 @@ def build(kernel: str, dtype: str, _dtype: str, target: dict):
 
 @functools.cache
 def function(kernel: str, dtype: str, _dtype: str, arch: int):
-    """The compiled kernel's TVM-FFI function: kernel(a, b, out)."""
+    """The compiled kernel's TVM-FFI function: kernel(a, b, [bias, ][residual, ]out)."""
     return tilelang_function(build(kernel, dtype, dtype, target(arch)))

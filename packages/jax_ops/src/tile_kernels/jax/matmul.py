@@ -21,10 +21,11 @@ def _call(activation: str | None, has_bias: bool, has_residual: bool, backend: s
     def call(a, b, *epilogue):
         (m, k), n = a.shape, b.shape[1]
         kind = mode(core.NAME)
-        if backend != "triton":  # the TileLang kernel (no epilogue), b row-major
+        if backend != "triton":  # the TileLang kernel, b row-major
             plan = core.compiled_forward(backend, m, n, k, dtype=dtype_name(a.dtype), b_col=False, arch=cuda_arch(),
-                                         target=target(kind))  # fmt: skip
-            return list(run_calls(plan, a, b))
+                                         target=target(kind), activation=activation, has_bias=has_bias,
+                                         has_residual=has_residual)  # fmt: skip
+            return list(run_calls(plan, a, b, *epilogue))
         plan = core.forward(m, n, k, dtype=dtype_name(a.dtype), target=target(kind), activation=activation,
                             has_bias=has_bias, has_residual=has_residual)  # fmt: skip
         return list(run_plan(plan, kind, a, b, *epilogue))
@@ -40,7 +41,7 @@ def matmul(
 ) -> jax.Array:  # fmt: skip
     """act(a @ b + bias) + residual: a (M, K), b (K, N), bias (N,), residual (M, N), all in a's dtype (float16 /
     bfloat16 / float32); fp32 accumulation, one rounding. activation: None, "silu", "gelu" (erf) or "gelu_tanh".
-    Returns (M, N) in a's dtype. backend: "triton", "tilelang" (Hopper; float16 / bfloat16, no epilogue) or None for
+    Returns (M, N) in a's dtype. backend: "triton", "tilelang" (Hopper; float16 / bfloat16) or None for
     the fastest measured for these inputs on the device (core.preferred_backend). Not differentiable."""
     core.check(a, b, bias, activation, residual)
     epilogue = bias is not None or activation is not None or residual is not None
@@ -48,6 +49,6 @@ def matmul(
     if backend is None and where == "cuda":
         preferred = core.preferred_backend(cuda_arch(), dtype_name(a.dtype), *a.shape, b.shape[1], False, epilogue)
     backend = backends.resolve(core.NAME, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
-    core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1], False, epilogue)
+    core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1], False)
     arrays = (a, b) + tuple(x for x in (bias, residual) if x is not None)
     return _call(activation, bias is not None, residual is not None, backend)(*arrays)[0]

@@ -25,19 +25,24 @@ def _operand(t: torch.Tensor) -> tuple[torch.Tensor, bool, int]:
 
 
 @compiled_op("matmul_fwd_compiled")
-def matmul_fwd_compiled(a: torch.Tensor, b: torch.Tensor, backend: str) -> torch.Tensor:
-    """a @ b through the TileLang kernel: b compact (K, N), or the transpose of a compact (N, K) (a Linear weight's
-    .t(), read as it is); other layouts are copied."""
+def matmul_fwd_compiled(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
+    residual: torch.Tensor | None, backend: str,
+) -> torch.Tensor:  # fmt: skip
+    """act(a @ b + bias) + residual through the TileLang kernel: b compact (K, N), or the transpose of a compact
+    (N, K) (a Linear weight's .t(), read as it is); other layouts are copied."""
     b_col = b.shape[1] > 1 and b.stride(0) == 1 and b.t().is_contiguous()
     a, b = a.contiguous(), b.t() if b_col else b.contiguous()
     (m, k), n = a.shape, b.shape[0] if b_col else b.shape[1]
     plan = core.compiled_forward(backend, m, n, k, dtype=dtype_name(a.dtype), b_col=b_col, arch=cuda_arch(a.device),
-                                 target=target(a.device))  # fmt: skip
-    return run_calls(plan, a, b, device=a.device)[0]
+                                 target=target(a.device), activation=activation, has_bias=bias is not None,
+                                 has_residual=residual is not None)  # fmt: skip
+    epilogue = [t.contiguous() for t in (bias, residual) if t is not None]
+    return run_calls(plan, a, b, *epilogue, device=a.device)[0]
 
 
 @matmul_fwd_compiled.register_fake
-def _(a, b, backend):
+def _(a, b, bias, activation, residual, backend):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
@@ -47,7 +52,7 @@ def _fwd(
 ) -> torch.Tensor:  # fmt: skip
     """Returns (M, N) in a's dtype. `backend` is a resolved name (tile_kernels.core.backends.resolve)."""
     if backend != "triton":
-        return matmul_fwd_compiled(a, b, backend)
+        return matmul_fwd_compiled(a, b, bias, activation, residual, backend)
     (a, a_col, lda), (b, b_col, ldb) = _operand(a), _operand(b)
     inputs = [a, b]
     if bias is not None:
@@ -74,7 +79,7 @@ def matmul(
     """act(a @ b + bias) + residual: a (M, K), b (K, N) (row- or column-major: `x @ W.t()` reads a Linear weight W
     in place), bias (N,), residual (M, N), all in a's dtype (float16 / bfloat16 / float32); fp32 accumulation, one
     rounding. activation: None, "silu", "gelu" (erf) or "gelu_tanh". Returns (M, N) in a's dtype. backend: "triton",
-    "tilelang" (Hopper; float16 / bfloat16, no epilogue) or None for the fastest measured for these inputs
+    "tilelang" (Hopper; float16 / bfloat16) or None for the fastest measured for these inputs
     on the device (core.preferred_backend: TileLang on Hopper where it runs). Not differentiable."""
     _, device = validated(core.NAME, core.check, ("a", "b", "bias", None, "residual"), a, b, bias, activation,
                           residual)  # fmt: skip
@@ -87,7 +92,7 @@ def matmul(
         )
     backend = resolve_backend(core.NAME, backend, device, preferred)
     if backend != "triton":
-        core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1], b_col, epilogue)
+        core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1], b_col)
     return matmul_fwd(a, b, bias, activation, residual, backend)
 
 
