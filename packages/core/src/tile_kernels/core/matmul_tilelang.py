@@ -29,13 +29,18 @@ ARCHS = (90,)  # compute capabilities the kernel is written for
 AOT_TARGETS = ("cuda:90",)  # the AOT matrix's TileLang targets (aot.TILELANG_TARGETS) that build it
 SWIZZLE = 8  # tile columns a panel
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, stages, threads) by config name; "default" is what backend="tilelang" runs: 128 x 256
-# tiles in two consumer warp groups (a 64 x 256 fp32 accumulator each, 128 registers a thread), 3 stages of 48 KiB
+# (BLOCK_M, BLOCK_N, BLOCK_K, stages, threads, persistent) by config name; "default" is what backend="tilelang" runs:
+# 128 x 256 tiles in two consumer warp groups (a 64 x 256 fp32 accumulator each, 128 registers a thread), 3 stages of
+# 48 KiB, one program a tile. A persistent config runs PERSISTENT_PROGRAMS programs that walk the tiles (T.Persistent,
+# grouped by 8 tile rows) instead: candidates for benchmarks/sweep_matmul.py, not yet timed.
 CONFIGS = {
-    "default": (128, 256, 64, 3, 256),
-    "m128n128s4": (128, 128, 64, 4, 256),
-    "m256n128s3": (256, 128, 64, 3, 256),
+    "default": (128, 256, 64, 3, 256, False),
+    "m128n128s4": (128, 128, 64, 4, 256, False),
+    "m256n128s3": (256, 128, 64, 3, 256, False),
+    "persistent": (128, 256, 64, 3, 256, True),
+    "persistentm256n128": (256, 128, 64, 3, 256, True),
 }
+PERSISTENT_PROGRAMS = 132  # the SMs of an H100 SXM / H200 (on fewer SMs still correct, the waves less even)
 DEFAULT_CONFIG = "default"
 
 
@@ -99,49 +104,64 @@ def prim_func(kernel: str, dtype: str, tilelang_target: dict):
 
     b_col, config, has_bias, activation, has_residual = _parse(kernel)
     has_activation = activation is not None
-    bm, bn, bk, stages, threads = CONFIGS[config]
+    bm, bn, bk, stages, threads, persistent = CONFIGS[config]
     f32 = "float32"
     M, N, K = T.dynamic("M N K")  # noqa: N806 - sizes
     b_shape, b_tile = ((N, K), (bn, bk)) if b_col else ((K, N), (bk, bn))
 
     @T.macro
+    def tile(A, B, BIAS, RES, OUT, bx, by, a_tile, b_tile_s, out_tile, bias_tile, acc):  # noqa: N803
+        """Output tile (by, bx): the K loop, the epilogue, the store."""
+        T.clear(acc)
+        for k in T.Pipelined(T.ceildiv(K, bk), num_stages=stages):
+            T.copy(A[by * bm, k * bk], a_tile)
+            if b_col:
+                T.copy(B[bx * bn, k * bk], b_tile_s)
+            else:
+                T.copy(B[k * bk, bx * bn], b_tile_s)
+            T.gemm(a_tile, b_tile_s, acc, transpose_B=b_col)
+        if has_residual:  # the residual tile into the output's buffer (zero past M and N)
+            T.copy(RES[by * bm, bx * bn], out_tile)
+        if has_bias:
+            for j in T.Parallel(bn):
+                bias_tile[j] = T.if_then_else(bx * bn + j < N, BIAS[bx * bn + j], T.cast(0, dtype))
+        if has_bias and has_residual:
+            for i, j in T.Parallel(bm, bn):
+                acc[i, j] = _activation(acc[i, j] + T.cast(bias_tile[j], f32), activation) + T.cast(
+                    out_tile[i, j], f32
+                )
+        elif has_bias:
+            for i, j in T.Parallel(bm, bn):
+                acc[i, j] = _activation(acc[i, j] + T.cast(bias_tile[j], f32), activation)
+        elif has_residual:
+            for i, j in T.Parallel(bm, bn):
+                acc[i, j] = _activation(acc[i, j], activation) + T.cast(out_tile[i, j], f32)
+        elif has_activation:
+            for i, j in T.Parallel(bm, bn):
+                acc[i, j] = _activation(acc[i, j], activation)
+        T.copy(acc, out_tile)
+        T.copy(out_tile, OUT[by * bm, bx * bn])
+
+    @T.macro
     def body(A, B, BIAS, RES, OUT):  # noqa: N803
-        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=threads) as (bx, by):
-            a_tile = T.alloc_shared((bm, bk), dtype)
-            b_tile_s = T.alloc_shared(b_tile, dtype)
-            out_tile = T.alloc_shared((bm, bn), dtype)
-            bias_tile = T.alloc_shared((bn,), dtype)
-            acc = T.alloc_fragment((bm, bn), f32)
-            T.use_swizzle(SWIZZLE)
-            T.clear(acc)
-            for k in T.Pipelined(T.ceildiv(K, bk), num_stages=stages):
-                T.copy(A[by * bm, k * bk], a_tile)
-                if b_col:
-                    T.copy(B[bx * bn, k * bk], b_tile_s)
-                else:
-                    T.copy(B[k * bk, bx * bn], b_tile_s)
-                T.gemm(a_tile, b_tile_s, acc, transpose_B=b_col)
-            if has_residual:  # the residual tile into the output's buffer (zero past M and N)
-                T.copy(RES[by * bm, bx * bn], out_tile)
-            if has_bias:
-                for j in T.Parallel(bn):
-                    bias_tile[j] = T.if_then_else(bx * bn + j < N, BIAS[bx * bn + j], T.cast(0, dtype))
-            if has_bias and has_residual:
-                for i, j in T.Parallel(bm, bn):
-                    acc[i, j] = _activation(acc[i, j] + T.cast(bias_tile[j], f32), activation) + T.cast(
-                        out_tile[i, j], f32
-                    )
-            elif has_bias:
-                for i, j in T.Parallel(bm, bn):
-                    acc[i, j] = _activation(acc[i, j] + T.cast(bias_tile[j], f32), activation)
-            elif has_residual:
-                for i, j in T.Parallel(bm, bn):
-                    acc[i, j] = _activation(acc[i, j], activation) + T.cast(out_tile[i, j], f32)
-            elif has_activation:
-                for i, j in T.Parallel(bm, bn):
-                    acc[i, j] = _activation(acc[i, j], activation)
-            T.copy(acc, out_tile)
-            T.copy(out_tile, OUT[by * bm, bx * bn])
+        if persistent:
+            with T.Kernel(PERSISTENT_PROGRAMS, threads=threads) as program:
+                a_tile = T.alloc_shared((bm, bk), dtype)
+                b_tile_s = T.alloc_shared(b_tile, dtype)
+                out_tile = T.alloc_shared((bm, bn), dtype)
+                bias_tile = T.alloc_shared((bn,), dtype)
+                acc = T.alloc_fragment((bm, bn), f32)
+                for by, bx in T.Persistent([T.ceildiv(M, bm), T.ceildiv(N, bn)], PERSISTENT_PROGRAMS, program):
+                    tile(A, B, BIAS, RES, OUT, bx, by, a_tile, b_tile_s, out_tile, bias_tile, acc)
+        else:
+            with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=threads) as (bx, by):
+                a_tile = T.alloc_shared((bm, bk), dtype)
+                b_tile_s = T.alloc_shared(b_tile, dtype)
+                out_tile = T.alloc_shared((bm, bn), dtype)
+                bias_tile = T.alloc_shared((bn,), dtype)
+                acc = T.alloc_fragment((bm, bn), f32)
+                T.use_swizzle(SWIZZLE)
+                tile(A, B, BIAS, RES, OUT, bx, by, a_tile, b_tile_s, out_tile, bias_tile, acc)
 
     # annotations are factories (TileLang calls them): one buffer per parameter
     def a_t():
