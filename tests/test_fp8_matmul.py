@@ -138,3 +138,66 @@ def test_scaled_mm_peer_with_block_scales_matches():
     kwargs = f8.sample(np.random.default_rng(6), (256, 512, 384), "bfloat16")
     out = _scaled_mm(True)(*_torch(kwargs), out_dtype="bfloat16")
     assert_close("torch._scaled_mm", out.double().cpu().numpy(), f8.reference(**kwargs)[0], "bfloat16")
+
+
+needs_tilelang = pytest.mark.skipif(__import__("importlib").util.find_spec("tilelang") is None,
+                                    reason="tilelang not installed")  # fmt: skip
+
+
+def test_tilelang_backend_plan_and_refusals():
+    """backend="tilelang": a clear error off Hopper; its plan one Call over the four operands, or Triton's zeros for
+    an empty product; backend=None stays Triton until the kernel is timed."""
+    from tile_kernels.core import backends
+    from tile_kernels.core.backends import Call
+
+    with pytest.raises(ValueError, match="fp8_matmul: backend 'tilelang' runs on sm_90 .* got sm_89; backend='triton'"):
+        f8.check_backend("tilelang", 89)
+    assert backends.resolve(f8.NAME, None, "cuda") == "triton"
+    target = Target(num_sms=132, cuda_arch=90)
+    plan = f8.compiled_forward("tilelang", 300, 256, 512, out_dtype="float32", arch=90, target=target)
+    assert [type(s) for s in plan.launches] == [Call] and plan.launches[0].reads == tuple(plan.inputs)
+    assert plan.launches[0].key == "tile_kernels_tilelang_fp8_matmul_float32_sm90"
+    assert f8.compiled_forward("tilelang", 0, 256, 512, out_dtype="bfloat16", arch=90, target=target).launches == ()
+
+
+@needs_tilelang
+def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code():
+    """TMA loads, e4m3 wgmma of 64 x 128 (a warp group per 64 rows), a producer warp group with register
+    reallocation, a TMA store."""
+    from tile_kernels.core import fp8_matmul_tilelang as tl_f8
+
+    source = tl_f8.lower(tl_f8.kernel_name(), "float8_e4m3fn", "bfloat16", tl_f8.target(90)).kernel_source
+    for feature in ("tma_load", "kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, 128, 32",
+                    "warpgroup_reg_alloc", "tma_store"):  # fmt: skip
+        assert feature in source, feature
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on Hopper GPUs")
+@pytest.mark.parametrize("framework", sorted(DRIVERS))
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("m, k, n", [(1, 128, 128), (300, 384, 256), (4096, 1024, 2048), (129, 256, 384)])
+def test_tilelang_matches_the_reference(framework, out_dtype, m, k, n):
+    """Rows past a tile (M not a multiple of 128), one to many K blocks and N tiles, both frameworks; in torch also a
+    column-major a_scales (copied) and torch.compile."""
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TileLang kernel is written for sm_90")
+    kwargs = f8.sample(np.random.default_rng(m + k + n), (m, k, n), out_dtype)
+    want = f8.reference(**kwargs)[0]
+    out = DRIVERS[framework]("gpu").call("fp8_matmul", {**kwargs, "backend": "tilelang"})[0]
+    assert_close("fp8_matmul tilelang", out, want, out_dtype, f8.slack(kwargs)[0])
+    if framework == "torch":
+        import tile_kernels.torch as tk
+
+        a, a_scales, b, b_scales = _torch(kwargs)
+        a_scales = a_scales.t().contiguous().t()
+
+        def layer(a):
+            return tk.fp8_matmul(a, a_scales, b, b_scales, out_dtype=getattr(torch, out_dtype), backend="tilelang")
+
+        got = layer(a).double().cpu().numpy()
+        assert_close("fp8_matmul tilelang, column-major a_scales", got, want, out_dtype, f8.slack(kwargs)[0])
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(layer, fullgraph=True)(a), layer(a))

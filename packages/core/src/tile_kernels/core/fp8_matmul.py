@@ -13,25 +13,29 @@ scaled by a's per-row and b's per-tile scale and added to the fp32 accumulator: 
 block. BLOCK_N <= 128 so that a tile's columns share one b scale block. Rows and columns past the ends read the last
 one (clamped) and are never stored; K needs no mask.
 Design limits: e4m3 products need NVIDIA sm_89+ (Ada, Hopper, Blackwell) or the CPU interpreter; no TMA, no
-persistent scheduler, no split of K, no TileLang kernel yet; the quantization that produces a and a_scales is the
-caller's: fp8_quantize.
+persistent scheduler, no split of K; the quantization that produces a and a_scales is the caller's: fp8_quantize.
+backend="tilelang" runs fp8_matmul_tilelang's Hopper kernel (TMA, wgmma, a producer warp group).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import triton
 import triton.language as tl
 
-from . import checks
+from . import backends, checks, fp8_matmul_tilelang
+from .backends import Call
 from .fp8_quantize import BLOCK, FP8, dequantize, e4m3_target, quantize, require_e4m3
 from .matmul import GROUP_M, grouped_tile
 from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, in_units
 from .registry import BadInput, Cost, OpInfo, gemm_dims, not_arrays, register
 
 NAME = "fp8_matmul"
+# backend="tilelang": fp8_matmul_tilelang's Hopper kernel; backend=None: Triton (the TileLang kernel is not yet timed)
+backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.fp8_matmul_tilelang"})
 
 
 @triton.jit
@@ -132,6 +136,28 @@ def forward(m: int, n: int, k: int, *, out_dtype: str, target: Target, lda: int 
     grid = (cdiv(m, bl.block_m) * cdiv(n, bl.block_n),)
     launch = Launch(fp8_matmul_kernel, grid, reads, ("out",), constexprs, bl.warps, bl.stages)
     return Plan(inputs, buffers, (in_units(launch, "K", "lda", "ldb", units=(16,)),), ("out",))
+
+
+def check_backend(backend: str, arch: int | None = None) -> None:
+    """Raises ValueError naming what a resolved backend cannot run (fp8_matmul_tilelang.unsupported)."""
+    if backend == "tilelang" and (why := fp8_matmul_tilelang.unsupported(arch)):
+        raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
+
+
+def compiled_forward(backend: str, m: int, n: int, k: int, *, out_dtype: str, arch: int, target: Target,
+                     tile_config: str | None = None) -> Plan:  # fmt: skip
+    """The TileLang backend's forward for compute capability `arch` (90): a (M, K), a_scales (M, K / 128)
+    row-major, b (N, K) and b_scales compact; out (M, N) compact in out_dtype. One Call; an empty product runs
+    `forward`'s plan (zeros). `tile_config`: one of fp8_matmul_tilelang.CONFIGS (None: its default)."""
+    check_backend(backend, arch)
+    if not (m and n and k):
+        return forward(m, n, k, out_dtype=out_dtype, target=target)
+    module = backends.module(NAME, backend)
+    kernel = module.kernel_name(tile_config or module.DEFAULT_CONFIG)
+    load = functools.partial(module.function, kernel, FP8, out_dtype, arch)
+    inputs = {"a": FP8, "a_scales": "float32", "b": FP8, "b_scales": "float32"}
+    steps = (Call(f"tile_kernels_{backend}_{kernel}_{out_dtype}_sm{arch}", load, tuple(inputs), ("out",)),)
+    return Plan(inputs, {"out": BufferSpec((m, n), out_dtype)}, steps, ("out",))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

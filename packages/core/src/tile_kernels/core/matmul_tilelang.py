@@ -127,9 +127,7 @@ def prim_func(kernel: str, dtype: str, tilelang_target: dict):
                 bias_tile[j] = T.if_then_else(bx * bn + j < N, BIAS[bx * bn + j], T.cast(0, dtype))
         if has_bias and has_residual:
             for i, j in T.Parallel(bm, bn):
-                acc[i, j] = _activation(acc[i, j] + T.cast(bias_tile[j], f32), activation) + T.cast(
-                    out_tile[i, j], f32
-                )
+                acc[i, j] = _activation(acc[i, j] + T.cast(bias_tile[j], f32), activation) + T.cast(out_tile[i, j], f32)
         elif has_bias:
             for i, j in T.Parallel(bm, bn):
                 acc[i, j] = _activation(acc[i, j] + T.cast(bias_tile[j], f32), activation)

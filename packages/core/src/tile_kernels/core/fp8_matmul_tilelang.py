@@ -1,0 +1,108 @@
+"""fp8_matmul's TileLang kernel for Hopper (backend="tilelang"): the math of fp8_matmul.py, written in TileLang.
+
+One program per (BLOCK_M, 128) output tile, the tiles visited in panels of SWIZZLE tile columns. K streams one 128-wide
+scale block a step through a T.Pipelined loop of `stages` shared buffers: TileLang lowers the a and b tile copies to
+TMA, the e4m3 product to wgmma (operands in shared memory, both K-major: b is a Linear weight's (N, K)) into a fresh
+fp32 tile, and the loop to a TMA producer warp group beside the consumer warp groups. The consumers scale each step's
+tile by a's per-row scale times b's per-tile scale and add it to the fp32 accumulator (DeepSeek-V3's promotion: the
+tensor cores' ~14-bit sums never span more than one block), the scales read by the consumers from global memory (the
+producer issues TMA only); the result is rounded once to out_dtype and leaves through shared memory (a TMA store).
+
+Sizes M, N, K are dynamic (no recompile per shape); rows past M read TMA's zero fill and a zero scale, and are not
+stored.
+
+Design limits: sm_90a only; a, b compact, a_scales compact row-major (M, K / 128) (the adapters copy other layouts);
+K and N multiples of 128 (fp8_matmul.check); BLOCK_N = 128, one b scale a tile; not persistent.
+backend=None keeps the Triton kernel until this one is timed on a GPU.
+"""
+
+import functools
+
+from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
+
+OUT_DTYPES = ("bfloat16", "float16", "float32")
+ARCHS = (90,)  # compute capabilities the kernel is written for
+AOT_TARGETS = ("cuda:90",)  # the AOT matrix's TileLang targets (aot.TILELANG_TARGETS) that build it
+SWIZZLE = 8  # tile columns a panel
+BLOCK = 128  # K step and BLOCK_N: fp8_matmul's scale block
+
+# (BLOCK_M, stages, threads) by config name; "default" is what backend="tilelang" runs: 128 rows in two consumer
+# warp groups (64 x 128 fp32 of accumulator and 64 x 128 of the step's product each), 4 stages of 32 KiB
+CONFIGS = {"default": (128, 4, 256), "m64s6": (64, 6, 128), "m128s3": (128, 3, 256)}
+DEFAULT_CONFIG = "default"
+
+
+def unsupported(arch: int | None = None) -> str | None:
+    """Why the TileLang kernel cannot run on compute capability `arch` (None: not checked), or None. fp8_matmul.check
+    has already required e4m3 operands, K and N multiples of 128."""
+    if arch is not None and arch not in ARCHS:
+        return f"runs on sm_90 (Hopper: wgmma, TMA) only, got sm_{arch}"
+    return None
+
+
+def kernel_name(config: str = DEFAULT_CONFIG) -> str:
+    """fp8_matmul[_<config>]"""
+    return "fp8_matmul" if config == DEFAULT_CONFIG else f"fp8_matmul_{config}"
+
+
+def prim_func(kernel: str, out_dtype: str, tilelang_target: dict):
+    """The prim_func `kernel` (kernel_name) for one output dtype. Parameters: A (M, K), AS (M, K / 128), B (N, K),
+    BS (N / 128, K / 128) (reads); OUT (M, N) (writes)."""
+    import tilelang.language as T
+
+    bm, stages, threads = CONFIGS[kernel.removeprefix("fp8_matmul").removeprefix("_") or DEFAULT_CONFIG]
+    fp8, f32 = "float8_e4m3", "float32"
+    M, N, K, KB, NB = T.dynamic("M N K KB NB")  # noqa: N806 - sizes; KB = K / 128, NB = N / 128
+
+    @T.prim_func
+    def fp8_matmul(
+        A: T.Tensor((M, K), fp8),  # noqa: N803
+        AS: T.Tensor((M, KB), f32),  # noqa: N803
+        B: T.Tensor((N, K), fp8),  # noqa: N803
+        BS: T.Tensor((NB, KB), f32),  # noqa: N803
+        OUT: T.Tensor((M, N), out_dtype),  # noqa: N803
+    ):
+        with T.Kernel(T.ceildiv(N, BLOCK), T.ceildiv(M, bm), threads=threads) as (bx, by):
+            a_tile = T.alloc_shared((bm, BLOCK), fp8)
+            b_tile = T.alloc_shared((BLOCK, BLOCK), fp8)
+            out_tile = T.alloc_shared((bm, BLOCK), out_dtype)
+            acc = T.alloc_fragment((bm, BLOCK), f32)
+            step = T.alloc_fragment((bm, BLOCK), f32)
+            T.use_swizzle(SWIZZLE)
+            T.clear(acc)
+            for k in T.Pipelined(T.ceildiv(K, BLOCK), num_stages=stages):
+                T.copy(A[by * bm, k * BLOCK], a_tile)
+                T.copy(B[bx * BLOCK, k * BLOCK], b_tile)
+                # a warp group per 64 rows: m64n128k32 wgmma (the default split of N would issue n64 ones)
+                T.gemm(a_tile, b_tile, step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                for i, j in T.Parallel(bm, BLOCK):  # as the Triton kernel: the product times (a scale x b scale)
+                    a_scale = T.if_then_else(by * bm + i < M, AS[by * bm + i, k], T.float32(0))
+                    acc[i, j] += step[i, j] * (a_scale * BS[bx, k])
+            T.copy(acc, out_tile)
+            T.copy(out_tile, OUT[by * bm, bx * BLOCK])
+
+    return fp8_matmul
+
+
+def variants(dtypes) -> list[tuple[str, str, str]]:
+    """(kernel, "float8_e4m3fn", out dtype) of the default config for each output dtype given (the AOT matrix)."""
+    return [(kernel_name(), "float8_e4m3fn", d) for d in dtypes if d in OUT_DTYPES]
+
+
+target = tilelang_target
+
+
+def lower(kernel: str, _in_dtype: str, out_dtype: str, target: dict):
+    """TileLang's lowering of one kernel for a target (no build)."""
+    return tilelang_lower(lambda: prim_func(kernel, out_dtype, target), target)
+
+
+def build(kernel: str, _in_dtype: str, out_dtype: str, target: dict):
+    """TileLang's nvcc build of one kernel (TVM-FFI calling convention)."""
+    return tilelang_build(lambda: prim_func(kernel, out_dtype, target), target)
+
+
+@functools.cache
+def function(kernel: str, in_dtype: str, out_dtype: str, arch: int):
+    """The compiled kernel's TVM-FFI function: kernel(a, a_scales, b, b_scales, out)."""
+    return tilelang_function(build(kernel, in_dtype, out_dtype, target(arch)))
