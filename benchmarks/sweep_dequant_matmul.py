@@ -3,6 +3,7 @@ torch op (CUDA-graph replays, triton.testing.do_bench_cudagraph), beside cuBLAS 
 (torch.mm, the ceiling a W4A16 kernel must beat at decode sizes) in the same run. Llama-3-70B's MLP up projection
 (K 8192, N 28672), bf16, group 128, no zeros. Each line: us, GB/s of the int4 weight (+ scales), TFLOP/s, and the
 max |difference| to the fp32 product of the dequantized weight, relative to its largest entry. The best per M last.
+At prefill sizes (M > 64) the TileLang kernel's configurations (core.dequant_matmul_tilelang.CONFIGS) too, on Hopper.
 
     python benchmarks/sweep_dequant_matmul.py [--m 1 --m 16 --m 4096] [--out FILE]
 """
@@ -18,7 +19,9 @@ import triton.testing
 
 import tile_kernels.torch as tk
 from tile_kernels.core import dequant_matmul as core
+from tile_kernels.core import dequant_matmul_tilelang
 from tile_kernels.torch import _runtime
+from tile_kernels.torch._calls import cuda_arch, run_calls
 
 K, N, GROUP = 8192, 28672, 128
 
@@ -69,6 +72,18 @@ def main(argv=None):
         cublas = triton.testing.do_bench_cudagraph(lambda a=a: torch.mm(a, w))
         say(f"M {m} cuBLAS (dequantized bf16 weight): {cublas * 1e3:.1f} us {flops / cublas / 1e9:.0f} TFLOP/s")
         results = []
+
+        def measure(label, call, m=m, want=want, scale=scale, flops=flops, cublas=cublas, results=results):
+            try:
+                err = (call().float() - want).abs().max().item() / scale
+                ms = triton.testing.do_bench_cudagraph(call)
+            except Exception as e:  # a configuration that does not compile (shared memory, registers)
+                say(f"M {m} {label}: {type(e).__name__}: {str(e)[:120]}")
+                return
+            results.append((ms, label))
+            say(f"M {m} {label}: {ms * 1e3:.1f} us {weight_bytes / ms / 1e6:.0f} GB/s {flops / ms / 1e9:.0f} "
+                f"TFLOP/s {cublas / ms:.2f}x cuBLAS err {err:.2g}")  # fmt: skip
+
         for b in decode_candidates(m) if m <= 64 else prefill_candidates():
 
             def pick(m_, n_, k_, group_size, dtype, target, _b=b):
@@ -78,16 +93,14 @@ def main(argv=None):
             chosen = pick(m, N, K, GROUP, "bfloat16", _runtime.target(a.device))
             core.blocks = pick
             _runtime._cached_executor.cache_clear()
-            try:
-                got = tk.dequant_matmul(a, qweight, scales, GROUP)
-                err = (got.float() - want).abs().max().item() / scale
-                ms = triton.testing.do_bench_cudagraph(lambda a=a: tk.dequant_matmul(a, qweight, scales, GROUP))
-            except Exception as e:  # a configuration that does not compile (shared memory, registers)
-                say(f"M {m} {chosen}: {type(e).__name__}: {str(e)[:120]}")
-                continue
-            results.append((ms, str(chosen)))
-            say(f"M {m} {chosen}: {ms * 1e3:.1f} us {weight_bytes / ms / 1e6:.0f} GB/s {flops / ms / 1e9:.0f} "
-                f"TFLOP/s {cublas / ms:.2f}x cuBLAS err {err:.2g}")  # fmt: skip
+            measure(str(chosen), lambda a=a: tk.dequant_matmul(a, qweight, scales, GROUP))
+        if m > 64 and cuda_arch(a.device) in dequant_matmul_tilelang.ARCHS:
+            for config, tiles in dequant_matmul_tilelang.CONFIGS.items():
+                plan = core.compiled_forward("tilelang", m, N, K, dtype="bfloat16", group_size=GROUP, has_zeros=False,
+                                             arch=cuda_arch(a.device), target=_runtime.target(a.device),
+                                             tile_config=config)  # fmt: skip
+                measure(f"tilelang {config} {tiles}", lambda a=a, p=plan: run_calls(p, a, qweight, scales,
+                                                                                   device=a.device)[0])  # fmt: skip
         core.blocks = default
         _runtime._cached_executor.cache_clear()
         ms = triton.testing.do_bench_cudagraph(lambda a=a: tk.dequant_matmul(a, qweight, scales, GROUP))

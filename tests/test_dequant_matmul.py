@@ -138,3 +138,85 @@ def test_round_to_models_the_kernels_weight_rounding():
     kwargs = dm.sample(np.random.default_rng(5), (2, 16), "bfloat16", group_size=8)
     w = dm.weight(kwargs["qweight"], kwargs["scales"], 8)
     assert np.array_equal(w, round_to(w, "bfloat16").astype(np.float64))
+
+
+needs_tilelang = pytest.mark.skipif(__import__("importlib").util.find_spec("tilelang") is None,
+                                    reason="tilelang not installed")  # fmt: skip
+
+
+def test_tilelang_backend_plan_and_refusals():
+    """backend="tilelang": clear errors for float32, N not a multiple of 8, group sizes that split a K step and GPUs
+    other than Hopper; its plan one Call (the group size in its key), or Triton's zeros for an empty product;
+    backend=None stays Triton until the kernel is timed."""
+    from tile_kernels.core import backends
+    from tile_kernels.core.backends import Call
+    from tile_kernels.core.plan import Target
+
+    for args, match in [
+        (("float32", 256, 128), "supports float16 / bfloat16 only"),
+        (("bfloat16", 260, 128), "needs N a multiple of 8"),
+        (("bfloat16", 256, 32), "needs group_size a multiple of 64"),
+        (("float16", 256, 128, 80), "runs on sm_90 .* got sm_80"),
+    ]:
+        with pytest.raises(ValueError, match=f"dequant_matmul: backend 'tilelang' {match}.*; backend='triton' runs"):
+            dm.check_backend("tilelang", *args)
+    assert backends.resolve(dm.NAME, None, "cuda") == "triton"
+    target = Target(num_sms=132, cuda_arch=90)
+    plan = dm.compiled_forward("tilelang", 4096, 512, 1024, dtype="bfloat16", group_size=64, has_zeros=True, arch=90,
+                               target=target)  # fmt: skip
+    assert [type(s) for s in plan.launches] == [Call]
+    assert plan.launches[0].reads == tuple(plan.inputs) == ("a", "qweight", "scales", "zeros")
+    assert plan.launches[0].key == "tile_kernels_tilelang_dequant_matmul_zeros_g64_bfloat16_sm90"
+    empty = dm.compiled_forward("tilelang", 0, 512, 1024, dtype="float16", group_size=128, has_zeros=False, arch=90,
+                                target=target)  # fmt: skip
+    assert empty.launches == () and empty.buffers["out"].zeroed
+
+
+@needs_tilelang
+@pytest.mark.parametrize("zeros", [False, True])
+def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code(zeros):
+    """TMA loads (a and the packed codes), wgmma of 64 x 128 from the dequantized shared tile, a producer warp group
+    with register reallocation, a TMA store."""
+    from tile_kernels.core import dequant_matmul_tilelang as tl_dm
+
+    source = tl_dm.lower(tl_dm.kernel_name(zeros), "bfloat16", "bfloat16", tl_dm.target(90)).kernel_source
+    for feature in ("tma_load", "kBFloat16, tl::DataType::kFloat32, 64, 128, 16", "warpgroup_reg_alloc", "tma_store",
+                    "S[") + ("Z[",) * zeros:  # fmt: skip
+        assert feature in source, feature
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on Hopper GPUs")
+@pytest.mark.parametrize("framework", sorted(DRIVERS))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "m, k, n, group_size, zeros",
+    [(1, 128, 8, 128, False), (300, 640, 520, 64, True), (4096, 4096, 4096, 128, False), (129, 256, 384, 128, True)],
+)
+def test_tilelang_matches_the_reference(framework, dtype, m, k, n, group_size, zeros):
+    """Rows and columns past a tile, one to many groups, with and without zeros, both frameworks; in torch also
+    torch.compile."""
+    import torch
+    from test_ops import assert_close
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TileLang kernel is written for sm_90")
+    kwargs = dm.sample(np.random.default_rng(m + k + n), (m, k, n), dtype, zeros=zeros, group_size=group_size)
+    want = dm.reference(**kwargs)[0]
+    out = DRIVERS[framework]("gpu").call(dm.NAME, {**kwargs, "backend": "tilelang"})[0]
+    assert_close("dequant_matmul tilelang", out, want, dtype)
+    if framework == "torch":
+        import tile_kernels.torch as tk
+        from tile_kernels.torch.bench import _tensor
+
+        args = {
+            name: _tensor(kwargs[name], "cuda")
+            for name in ("a", "qweight", "scales", "zeros")
+            if kwargs[name] is not None
+        }
+
+        def layer(a):
+            return tk.dequant_matmul(**{**args, "a": a}, group_size=group_size, backend="tilelang")
+
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(layer, fullgraph=True)(args["a"]), layer(args["a"]))

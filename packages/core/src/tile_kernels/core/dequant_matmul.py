@@ -21,17 +21,20 @@ per row block, so at decode sizes the kernels stream the int4 weights, a quarter
 products then summed in a fixed order (rows.sum_partials). The reference (`weight`) rounds W to a's dtype, as the
 dequantize-then-multiply it stands for; the POST_SCALE and FMA paths skip that rounding (within the tolerance).
 Design limits: K a multiple of 8 (whole int32 words) and of group_size.
+backend="tilelang" runs dequant_matmul_tilelang's Hopper kernel for prefill sizes (TMA, wgmma, a producer warp group).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import triton
 import triton.language as tl
 
-from . import checks
+from . import backends, checks, dequant_matmul_tilelang
+from .backends import Call
 from .flash_attention import dot
 from .host import ieee_dots
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv
@@ -39,6 +42,8 @@ from .registry import BadInput, Cost, OpInfo, gemm_dims, not_arrays, register, r
 from .rows import sum_partials
 
 NAME = "dequant_matmul"
+# backend="tilelang": dequant_matmul_tilelang's Hopper kernel; backend=None: Triton (TileLang's is not yet timed)
+backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.dequant_matmul_tilelang"})
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_ZERO = 8  # the code of 0 when no zeros are given (symmetric int4)
 
@@ -290,6 +295,28 @@ def forward(m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: b
             buffers["partial"] = BufferSpec((b.split_k, m, n), "float32")
             launches += (sum_partials("partial", "out", 1, b.split_k, m * n, target),)
     return Plan(inputs, buffers, launches, ("out",))
+
+
+def check_backend(backend: str, dtype: str, n: int, group_size: int, arch: int | None = None) -> None:
+    """Raises ValueError naming the input a resolved backend cannot run (dequant_matmul_tilelang.unsupported)."""
+    if backend == "tilelang" and (why := dequant_matmul_tilelang.unsupported(dtype, n, group_size, arch)):
+        raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
+
+
+def compiled_forward(backend: str, m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: bool,
+                     arch: int, target: Target, tile_config: str | None = None) -> Plan:  # fmt: skip
+    """The TileLang backend's forward for compute capability `arch` (90): a (M, K), qweight (K / 8, N), scales [and
+    zeros] (K / group_size, N) compact; out (M, N) compact in dtype. One Call; an empty product runs `forward`'s
+    plan (zeros). `tile_config`: one of dequant_matmul_tilelang.CONFIGS (None: its default)."""
+    check_backend(backend, dtype, n, group_size, arch)
+    if not (m and n and k):
+        return forward(m, n, k, dtype=dtype, group_size=group_size, has_zeros=has_zeros, target=target)
+    module = backends.module(NAME, backend)
+    kernel = module.kernel_name(has_zeros, tile_config or module.DEFAULT_CONFIG)
+    load = functools.partial(module.function, kernel, dtype, dtype, arch, group_size)
+    inputs = {"a": dtype, "qweight": "int32", "scales": dtype} | ({"zeros": dtype} if has_zeros else {})
+    key = f"tile_kernels_{backend}_{kernel}_g{group_size}_{dtype}_sm{arch}"
+    return Plan(inputs, {"out": BufferSpec((m, n), dtype)}, (Call(key, load, tuple(inputs), ("out",)),), ("out",))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,153 @@
+"""dequant_matmul's TileLang kernel for Hopper at prefill sizes (backend="tilelang"): the math of dequant_matmul.py.
+
+One program per (BLOCK_M, BLOCK_N) output tile, the tiles visited in panels of SWIZZLE tile columns. K streams in
+BLOCK_K steps through a T.Pipelined loop of `stages` shared buffers: the a tile (BLOCK_M, BLOCK_K) and the packed
+codes (BLOCK_K / 8, BLOCK_N) int32 arrive by TMA from a producer warp group; the consumer warp groups unpack the codes
+into W = (code - zero) * scale, formed in fp32 and rounded to a's dtype as the reference's dequantize-then-multiply
+(a step lies in one group: BLOCK_K divides group_size), write that (BLOCK_K, BLOCK_N) tile to shared memory and run the
+step's wgmma on it. The fp32 accumulator is rounded once and leaves through shared memory (a TMA store).
+
+Sizes M, N, K are dynamic (no recompile per shape); rows and columns past the ends read TMA's zero fill (and a zero
+scale) and are not stored.
+
+Design limits: sm_90a only; float16 / bfloat16; qweight, scales and zeros compact (the adapters copy others); N a
+multiple of 8 (TMA's 16-byte row strides of the scales), group_size a multiple of BLOCK_K (64); the codes are
+unpacked by shifts and masks, one at a time (no lop3 pairs, no Marlin-style repack); not persistent.
+backend=None keeps the Triton kernels until this one is timed on a GPU.
+"""
+
+import functools
+
+from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
+
+DTYPES = ("float16", "bfloat16")
+ARCHS = (90,)  # compute capabilities the kernel is written for
+AOT_TARGETS = ("cuda:90",)  # the AOT matrix's TileLang targets (aot.TILELANG_TARGETS) that build it
+SWIZZLE = 8  # tile columns a panel
+BLOCK_K = 64  # K step: 8 words of codes a column
+SUPPORTED_OPTIONS = {"group_size": (128,)}  # of dequant_matmul's options (group sizes 8, 32, 128), what it runs
+
+# (BLOCK_M, BLOCK_N, stages, threads) by config name; "default" is what backend="tilelang" runs: 128 x 128 tiles in
+# two consumer warp groups (64 rows each), 4 stages of 16 KiB of a and 4 KiB of codes
+CONFIGS = {"default": (128, 128, 4, 256), "m128n256s3": (128, 256, 3, 256), "m64n128s4": (64, 128, 4, 128)}
+DEFAULT_CONFIG = "default"
+
+
+def unsupported(dtype: str, n: int, group_size: int, arch: int | None = None) -> str | None:
+    """Why the TileLang kernel cannot run these inputs (a clause naming the feature), or None. arch None: not
+    checked (known only on the device)."""
+    if dtype not in DTYPES:
+        return f"supports {' / '.join(DTYPES)} only, got {dtype}"
+    if n % 8:
+        return f"needs N a multiple of 8 (TMA's 16-byte row strides), got N = {n}"
+    if group_size % BLOCK_K:
+        return f"needs group_size a multiple of {BLOCK_K} (a K step within one group), got {group_size}"
+    if arch is not None and arch not in ARCHS:
+        return f"runs on sm_90 (Hopper: wgmma, TMA) only, got sm_{arch}"
+    return None
+
+
+def unsupported_inputs(kwargs) -> str | None:
+    """`unsupported` for a call's arguments (backends.unsupported_inputs)."""
+    a, qweight = kwargs["a"], kwargs["qweight"]
+    return unsupported(str(a.dtype).removeprefix("torch."), qweight.shape[1], kwargs.get("group_size", 128), None)
+
+
+def kernel_name(has_zeros: bool, config: str = DEFAULT_CONFIG) -> str:
+    """dequant_matmul[_zeros][_<config>]"""
+    return "_".join(["dequant_matmul"] + ["zeros"] * has_zeros + [config] * (config != DEFAULT_CONFIG))
+
+
+def _parse(kernel: str) -> tuple[bool, str]:
+    parts = kernel.removeprefix("dequant_matmul").split("_")
+    return "zeros" in parts, next((p for p in parts if p in CONFIGS), DEFAULT_CONFIG)
+
+
+def prim_func(kernel: str, dtype: str, group_size: int, tilelang_target: dict):
+    """The prim_func `kernel` (kernel_name) for one dtype and group size. Parameters: A (M, K), QW (K / 8, N), S
+    (K / group_size, N), with _zeros Z (K / group_size, N) (reads); OUT (M, N) (writes)."""
+    import tilelang.language as T
+
+    has_zeros, config = _parse(kernel)
+    bm, bn, stages, threads = CONFIGS[config]
+    f32 = "float32"
+    M, N, K, KW, G = T.dynamic("M N K KW G")  # noqa: N806 - sizes; KW = K / 8, G = K / group_size
+
+    @T.macro
+    def body(A, QW, S, Z, OUT):  # noqa: N803
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=threads) as (bx, by):
+            a_tile = T.alloc_shared((bm, BLOCK_K), dtype)
+            codes = T.alloc_shared((BLOCK_K // 8, bn), "int32")
+            w_tile = T.alloc_shared((BLOCK_K, bn), dtype)
+            out_tile = T.alloc_shared((bm, bn), dtype)
+            acc = T.alloc_fragment((bm, bn), f32)
+            T.use_swizzle(SWIZZLE)
+            T.clear(acc)
+            for k in T.Pipelined(T.ceildiv(K, BLOCK_K), num_stages=stages):
+                T.copy(A[by * bm, k * BLOCK_K], a_tile)
+                T.copy(QW[k * (BLOCK_K // 8), bx * bn], codes)
+                g = (k * BLOCK_K) // group_size
+                for i, j in T.Parallel(BLOCK_K, bn):  # code k = 8 w + b: bits 4b .. 4b + 3 of word w
+                    col = bx * bn + j
+                    code = T.cast((codes[i // 8, j] >> (4 * (i % 8))) & 15, f32)
+                    scale = T.if_then_else(col < N, T.cast(S[g, col], f32), T.float32(0))
+                    if has_zeros:
+                        zero = T.if_then_else(col < N, T.cast(Z[g, col], f32), T.float32(0))
+                        w_tile[i, j] = T.cast((code - zero) * scale, dtype)
+                    else:
+                        w_tile[i, j] = T.cast((code - 8.0) * scale, dtype)
+                T.gemm(a_tile, w_tile, acc, policy=T.GemmWarpPolicy.FullRow)
+            T.copy(acc, out_tile)
+            T.copy(out_tile, OUT[by * bm, bx * bn])
+
+    # annotations are factories (TileLang calls them): one buffer per parameter
+    def a_t():
+        return T.Tensor((M, K), dtype)
+
+    def qw_t():
+        return T.Tensor((KW, N), "int32")
+
+    def g_t():
+        return T.Tensor((G, N), dtype)
+
+    def out_t():
+        return T.Tensor((M, N), dtype)
+
+    if has_zeros:
+
+        @T.prim_func
+        def dequant_matmul(A: a_t, QW: qw_t, S: g_t, Z: g_t, OUT: out_t):  # noqa: N803
+            body(A, QW, S, Z, OUT)
+
+    else:
+
+        @T.prim_func
+        def dequant_matmul(A: a_t, QW: qw_t, S: g_t, OUT: out_t):  # noqa: N803
+            body(A, QW, S, None, OUT)
+
+    return dequant_matmul
+
+
+def variants(dtypes) -> list[tuple[str, str, str]]:
+    """(kernel, dtype, dtype) of the default config with and without zeros in each supported dtype given (the AOT
+    matrix), group_size 128."""
+    return [(kernel_name(z), d, d) for d in dtypes if d in DTYPES for z in (False, True)]
+
+
+target = tilelang_target
+
+
+def lower(kernel: str, dtype: str, _dtype: str, target: dict, group_size: int = 128):
+    """TileLang's lowering of one kernel for a target (no build)."""
+    return tilelang_lower(lambda: prim_func(kernel, dtype, group_size, target), target)
+
+
+def build(kernel: str, dtype: str, _dtype: str, target: dict, group_size: int = 128):
+    """TileLang's nvcc build of one kernel (TVM-FFI calling convention)."""
+    return tilelang_build(lambda: prim_func(kernel, dtype, group_size, target), target)
+
+
+@functools.cache
+def function(kernel: str, dtype: str, _dtype: str, arch: int, group_size: int = 128):
+    """The compiled kernel's TVM-FFI function: kernel(a, qweight, scales, [zeros, ]out)."""
+    return tilelang_function(build(kernel, dtype, dtype, target(arch), group_size))
