@@ -3,7 +3,8 @@
 autograd) beside torch._grouped_mm in the same run, bf16, groups of equal size. Shapes (E, T, K, N): Mixtral's up
 projection (8 experts, 8192 tokens x top-2) and DeepSeek-V2-Lite's gate-up projection (64 experts, 8192 tokens x
 top-6, N = 2 x 1408, as benchmarks/moe_layer.py runs it). Each line: us and TFLOP/s of the forward and of the step,
-their ratios to torch._grouped_mm; the default last.
+their ratios to torch._grouped_mm; the default last. On Hopper also the TileLang forward's configurations
+(core.grouped_matmul_tilelang.CONFIGS; its step runs the Triton backward).
 
     python benchmarks/sweep_grouped_matmul.py [--shape 8,16384,4096,14336 ...] [--out FILE]
 """
@@ -17,7 +18,9 @@ import triton.testing
 
 import tile_kernels.torch as tk
 from tile_kernels.core import grouped_matmul as core
+from tile_kernels.core import grouped_matmul_tilelang
 from tile_kernels.torch import _runtime
+from tile_kernels.torch._calls import cuda_arch
 
 SHAPES = ((8, 16384, 4096, 14336), (64, 49152, 2048, 2816))
 CANDIDATES = [core.Blocks(*c) for c in [(64, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3),
@@ -63,6 +66,23 @@ def sweep(e: int, t: int, k: int, n: int, say) -> None:
         say(f"{name} {b}: fwd {fwd * 1e3:.0f} us {flops / fwd / 1e9:.0f} TFLOP/s {peer_fwd / fwd:.2f}x, step "
             f"{st * 1e3:.0f} us {3 * flops / st / 1e9:.0f} TFLOP/s {peer_step / st:.2f}x")  # fmt: skip
     _runtime._cached_executor.cache_clear()
+    if cuda_arch(x.device) not in grouped_matmul_tilelang.ARCHS:
+        return
+    compiled = core.compiled_forward
+    for config, tiles in grouped_matmul_tilelang.CONFIGS.items():
+        core.compiled_forward = lambda *a, _c=config, **kw: compiled(*a, **kw, tile_config=_c)
+        try:
+            fwd = triton.testing.do_bench_cudagraph(lambda: tk.grouped_matmul(x, w, sizes, backend="tilelang").detach())
+            st = triton.testing.do_bench(lambda: step(lambda: tk.grouped_matmul(x, w, sizes, backend="tilelang")))
+        except Exception as ex:  # a configuration that does not build (shared memory, registers)
+            say(f"{name} tilelang {config}: {type(ex).__name__}: {str(ex)[:120]}")
+            continue
+        finally:
+            core.compiled_forward = compiled
+        say(
+            f"{name} tilelang {config} {tiles}: fwd {fwd * 1e3:.0f} us {flops / fwd / 1e9:.0f} TFLOP/s "
+            f"{peer_fwd / fwd:.2f}x, step {st * 1e3:.0f} us {3 * flops / st / 1e9:.0f} TFLOP/s {peer_step / st:.2f}x"
+        )
 
 
 def main(argv=None):

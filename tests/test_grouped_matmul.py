@@ -110,3 +110,75 @@ def test_bench_peers(framework):
         kwargs = gm.sample(np.random.default_rng(seed), (3, 40), "float32", experts=4)
         kwargs["group_sizes"][-1] = max(0, kwargs["group_sizes"][-1] - 2)  # the last 2 rows in no group
         np.testing.assert_allclose(peer(kwargs)[0], gm.reference(**kwargs)[0], rtol=2e-5, atol=1e-5)
+
+
+needs_tilelang = pytest.mark.skipif(__import__("importlib").util.find_spec("tilelang") is None,
+                                    reason="tilelang not installed")  # fmt: skip
+
+
+def test_tilelang_backend_plan_and_refusals():
+    """backend="tilelang": clear errors for float32, unaligned K or N and GPUs other than Hopper; its plan one Call
+    that reads and writes the zeroed output (rows outside every group stay 0, also in JAX), or the Triton plan for an
+    empty product; backend=None stays Triton until the kernel is timed."""
+    from tile_kernels.core import backends
+    from tile_kernels.core.backends import Call
+    from tile_kernels.core.plan import Target
+
+    for args, match in [
+        (("float32", 64, 64), "supports float16 / bfloat16 only"),
+        (("bfloat16", 60, 64), "needs K and N multiples of 8"),
+        (("bfloat16", 64, 64, 80), "runs on sm_90 .* got sm_80"),
+    ]:
+        with pytest.raises(ValueError, match=f"grouped_matmul: backend 'tilelang' {match}.*; backend='triton' runs"):
+            gm.check_backend("tilelang", *args)
+    assert backends.resolve(gm.NAME, None, "cuda") == "triton"
+    target = Target(num_sms=132, cuda_arch=90)
+    plan = gm.compiled_forward("tilelang", 300, 256, 512, 8, dtype="bfloat16", arch=90, target=target)
+    (call,) = plan.launches
+    assert type(call) is Call and call.reads == ("x", "weights", "group_sizes", "out") and call.writes == ("out",)
+    assert plan.buffers["out"].zeroed and call.key == "tile_kernels_tilelang_grouped_rows_bfloat16_sm90"
+    empty = gm.compiled_forward("tilelang", 300, 0, 512, 8, dtype="bfloat16", arch=90, target=target)
+    assert all(type(s) is not Call for s in empty.launches)
+
+
+@needs_tilelang
+@pytest.mark.parametrize("b_col", [False, True])
+def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code(b_col):
+    """TMA loads of a and of b_e (a 3-D tensor map, the group as its outer coordinate), wgmma, the group scan in both
+    the producer and the consumers, stores guarded by the group's end (no TMA store)."""
+    from tile_kernels.core import grouped_matmul_tilelang as tl_gm
+
+    source = tl_gm.lower(tl_gm.kernel_name(b_col), "bfloat16", "bfloat16", tl_gm.target(90)).kernel_source
+    for feature in ("tma_load(A_desc", "tma_load(B_desc", "wgmma", "SIZES["):
+        assert feature in source, feature
+    assert source.count("SIZES[") == 2 and "tma_store" not in source
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on Hopper GPUs")
+@pytest.mark.parametrize("framework", sorted(DRIVERS))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("sizes", [[0, 70, 0, 1, 129], [300, 0], [1000, 24, 0, 513], [0, 0, 0]])
+def test_tilelang_matches_the_reference(framework, dtype, sizes):
+    """Groups of 0, 1, a tile + 1 and several tiles, sums past T and short of it (those rows 0), both frameworks:
+    the forward against the float64 reference, and the gradients (the Triton backward) through autograd / vjp."""
+    import torch
+
+    from tile_kernels.core.registry import round_to
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TileLang kernel is written for sm_90")
+    rng = np.random.default_rng(sum(sizes))
+    t, k, n = 600, 264, 136
+    kwargs = {"x": round_to(rng.standard_normal((t, k)), dtype),
+              "weights": round_to(rng.standard_normal((len(sizes), k, n)) / np.sqrt(k), dtype),
+              "group_sizes": np.array(sizes, np.int32)}  # fmt: skip
+    driver = DRIVERS[framework]("gpu")
+    (out,) = driver.call(gm.NAME, {**kwargs, "backend": "tilelang"})
+    (ref,) = gm.reference(**kwargs)
+    assert_close("grouped_matmul tilelang", np.asarray(out, np.float64), ref, dtype)
+    dy = round_to(rng.standard_normal(ref.shape), dtype)
+    _, grads = driver.vjp(gm.NAME, {**kwargs, "backend": "tilelang"}, ("x", "weights"), (dy,))
+    want = gm.reference_vjp(kwargs, (dy,))
+    for name in ("x", "weights"):
+        assert_close(f"d{name}", np.asarray(grads[name], np.float64), want[name], dtype)

@@ -14,24 +14,29 @@ Kernels (Triton; compact row-major operands):
     the E sizes, programs past the last tile run no loop.
   * grouped_weight_grad_kernel, dweights[e] = x[rows of e].T @ dy[rows of e]: grid (tiles of (K, N), E), each program
     streams its group's rows (an empty group writes zeros).
-Design limits: no persistent scheduler or TMA, no TileLang kernel yet, tiles not swept on a GPU.
+Design limits: no persistent scheduler or TMA. backend="tilelang" runs the forward on grouped_matmul_tilelang's Hopper
+row kernel (TMA, wgmma, a producer warp group); its backward stays on these kernels.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import triton
 import triton.language as tl
 
-from . import checks
+from . import backends, checks, grouped_matmul_tilelang
+from .backends import Call
 from .flash_attention import dot
 from .host import ieee_dots
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
 NAME = "grouped_matmul"
+# backend="tilelang": grouped_matmul_tilelang's forward; backend=None: Triton (TileLang's is not yet timed)
+backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.grouped_matmul_tilelang"})
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -182,6 +187,28 @@ def forward(t: int, k: int, n: int, e: int, *, dtype: str, target: Target) -> Pl
         return Plan(inputs, buffers, (), ("out",))
     launch = _rows_launch("x", "weights", "out", t, e, n, k, False, k * n, dtype, target)
     return Plan(inputs, buffers, (launch,), ("out",))
+
+
+def check_backend(backend: str, dtype: str, k: int, n: int, arch: int | None = None) -> None:
+    """Raises ValueError naming the input a resolved backend cannot run (grouped_matmul_tilelang.unsupported)."""
+    if backend == "tilelang" and (why := grouped_matmul_tilelang.unsupported(dtype, k, n, arch)):
+        raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
+
+
+def compiled_forward(backend: str, t: int, k: int, n: int, e: int, *, dtype: str, arch: int, target: Target,
+                     tile_config: str | None = None) -> Plan:  # fmt: skip
+    """`forward` on the TileLang backend for compute capability `arch` (90): the same inputs and zeroed output, one
+    Call (an empty product: `forward`'s plan). `tile_config`: one of grouped_matmul_tilelang.CONFIGS (None: its
+    default)."""
+    check_backend(backend, dtype, k, n, arch)
+    if not (t and n and e and k):
+        return forward(t, k, n, e, dtype=dtype, target=target)
+    module = backends.module(NAME, backend)
+    kernel = module.kernel_name(False, tile_config or module.DEFAULT_CONFIG)
+    load = functools.partial(module.function, kernel, dtype, dtype, arch)
+    inputs = {"x": dtype, "weights": dtype, "group_sizes": "int32"}
+    steps = (Call(f"tile_kernels_{backend}_{kernel}_{dtype}_sm{arch}", load, (*inputs, "out"), ("out",)),)
+    return Plan(inputs, {"out": BufferSpec((t, n), dtype, zeroed=True)}, steps, ("out",))
 
 
 def backward(t: int, k: int, n: int, e: int, *, dtype: str, target: Target) -> Plan:

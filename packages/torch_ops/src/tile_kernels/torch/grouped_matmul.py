@@ -1,5 +1,6 @@
 """torch adapter of tile_kernels.core.grouped_matmul: ops tile_kernels::grouped_matmul_fwd / grouped_matmul_bwd with
-autograd."""
+autograd. backend="tilelang" runs the forward through the custom op tile_kernels::grouped_matmul_fwd_compiled (the
+TileLang Hopper kernel; opaque to torch.compile, with a fake implementation); the backward is the Triton one."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 from tile_kernels.core import dtype_name
 from tile_kernels.core import grouped_matmul as core
 
-from ._runtime import eager_op, executor, register_public_op, target, validated
+from ._calls import cuda_arch, resolve_backend, run_calls
+from ._runtime import compiled_op, eager_op, executor, register_public_op, target, validated
 
 
 def _plan(builder, x: torch.Tensor, weights: torch.Tensor):
@@ -16,7 +18,27 @@ def _plan(builder, x: torch.Tensor, weights: torch.Tensor):
     return executor(builder, t, k, n, e, dtype=dtype_name(x.dtype), target=target(x.device))
 
 
-def _fwd(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
+@compiled_op("grouped_matmul_fwd_compiled")
+def grouped_matmul_fwd_compiled(
+    x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, backend: str
+) -> torch.Tensor:
+    """The forward through the TileLang kernel (compact operands: other layouts are copied)."""
+    x, weights, group_sizes = x.contiguous(), weights.contiguous(), group_sizes.contiguous()
+    (t, k), (e, _, n) = x.shape, weights.shape
+    plan = core.compiled_forward(backend, t, k, n, e, dtype=dtype_name(x.dtype), arch=cuda_arch(x.device),
+                                 target=target(x.device))  # fmt: skip
+    return run_calls(plan, x, weights, group_sizes, device=x.device)[0]
+
+
+@grouped_matmul_fwd_compiled.register_fake
+def _(x, weights, group_sizes, backend):
+    return x.new_empty((x.shape[0], weights.shape[2]))
+
+
+def _fwd(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, backend: str = "triton") -> torch.Tensor:
+    """Returns (T, N) in x's dtype. `backend` is a resolved name (tile_kernels.core.backends.resolve)."""
+    if backend != "triton":
+        return grouped_matmul_fwd_compiled(x, weights, group_sizes, backend)
     x, weights, group_sizes = x.contiguous(), weights.contiguous(), group_sizes.contiguous()
     return _plan(core.forward, x, weights)(x, weights, group_sizes, device=x.device)[0]
 
@@ -29,24 +51,32 @@ def _bwd(
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+    ctx.save_for_backward(*inputs[:3])
 
 
 def _backward(ctx, dy):
     dx, dweights = grouped_matmul_bwd(dy, *ctx.saved_tensors)
-    return dx, dweights, None
+    return dx, dweights, None, None
 
 
 grouped_matmul_bwd = eager_op("grouped_matmul_bwd", _bwd)
 grouped_matmul_fwd = eager_op("grouped_matmul_fwd", _fwd, _setup_context, _backward)
 
 
-def grouped_matmul(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
+def grouped_matmul(
+    x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, backend: str | None = None
+) -> torch.Tensor:
     """MoE expert GEMM: x (T, K) holds the tokens sorted by expert, group e the next group_sizes[e] rows (int32 (E,));
     out[rows of e] = x[rows of e] @ weights[e], weights (E, K, N) in x's dtype. Returns (T, N); rows past the sizes'
-    sum are 0 (the sum is not checked: a host sync). Differentiable in x and weights."""
-    validated(core.NAME, core.check, ("x", "weights", "group_sizes"), x, weights, group_sizes)
-    return grouped_matmul_fwd(x, weights, group_sizes)
+    sum are 0 (the sum is not checked: a host sync). Differentiable in x and weights. backend: "triton", "tilelang"
+    (Hopper forward, float16 / bfloat16; Triton backward) or None for the device's default (Triton)."""
+    _, device = validated(core.NAME, core.check, ("x", "weights", "group_sizes"), x, weights, group_sizes)
+    backend = resolve_backend(core.NAME, backend, device)
+    if backend != "triton":
+        core.check_backend(backend, dtype_name(x.dtype), weights.shape[1], weights.shape[2], cuda_arch(device))
+    return grouped_matmul_fwd(x, weights, group_sizes, backend)
 
 
-register_public_op("grouped_matmul(Tensor x, Tensor weights, Tensor group_sizes) -> Tensor", grouped_matmul)
+register_public_op(
+    "grouped_matmul(Tensor x, Tensor weights, Tensor group_sizes, str? backend=None) -> Tensor", grouped_matmul
+)
