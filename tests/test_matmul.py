@@ -162,19 +162,20 @@ def test_tilelang_backend_refuses_what_it_cannot_run():
     from tile_kernels.core.plan import Launch
 
     for args, match in [
-        (("float32", 64, 64, True), "supports float16 / bfloat16 only"),
-        (("bfloat16", 60, 64, True), "needs K multiples of 8"),
-        (("bfloat16", 64, 60, False), "needs K and N multiples of 8"),
-        (("bfloat16", 64, 64, True, 80), "runs on sm_90 \\(Hopper: wgmma, TMA\\) only, got sm_80"),
+        (("float32", 64, 64), "supports float16 / bfloat16 only"),
+        (("bfloat16", 60, 64), "needs K and N multiples of 8"),
+        (("bfloat16", 64, 60), "needs K and N multiples of 8"),  # the output's TMA store, whatever b's layout
+        (("bfloat16", 64, 64, 80), "runs on sm_90 \\(Hopper: wgmma, TMA\\) only, got sm_80"),
     ]:
         with pytest.raises(ValueError, match=f"matmul: backend 'tilelang' {match}.*; backend='triton' runs it"):
             mm.check_backend("tilelang", *args)
-    mm.check_backend("tilelang", "bfloat16", 64, 60, True, 90)  # N of a column-major b: any
-    assert mm.preferred_backend(90, "bfloat16", 4096, 4096, 4096, True, False) == "tilelang"
+    mm.check_backend("tilelang", "bfloat16", 64, 64, 90)
+    assert mm.preferred_backend(90, "bfloat16", 4096, 4096, 4096, False) == "tilelang"
     shape = (4096, 4096, 4096)
-    for args in [(90, "bfloat16", 64, 4096, 4096, True, False), (90, "bfloat16", *shape, True, True),
-                 (90, "float32", *shape, True, False), (80, "bfloat16", *shape, True, False),
-                 (90, "bfloat16", 4096, 4100, 4096, True, False), (0, "bfloat16", *shape, True, False)]:  # fmt: skip
+    for args in [(90, "bfloat16", 64, 4096, 4096, False), (90, "bfloat16", *shape, True),
+                 (90, "float32", *shape, False), (80, "bfloat16", *shape, False),
+                 (90, "bfloat16", 4096, 4100, 4096, False), (90, "bfloat16", 4096, 4096, 50257, False),
+                 (0, "bfloat16", *shape, False)]:  # fmt: skip
         assert mm.preferred_backend(*args) == "triton", args
     target = Target(num_sms=132, cuda_arch=90)
     plan = mm.compiled_forward("tilelang", 300, 2048, 1024, dtype="bfloat16", b_col=True, arch=90, target=target)

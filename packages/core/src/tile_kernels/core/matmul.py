@@ -39,7 +39,7 @@ ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh")
 GROUP_M = 8
 MIN_TILELANG_ROWS = 128  # preferred_backend: fewer rows run Triton's small-M tiles
 UNIT_ARGS = ("N", "K", "lda", "ldb", "ldr", "ldo")  # and M when a is column-major (its contiguous dimension)
-# backend="tilelang": matmul_tilelang's Hopper kernel (no epilogue, compact operands); backend=None: preferred_backend
+# backend="tilelang": matmul_tilelang's Hopper kernel (compact operands); backend=None: preferred_backend
 backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.matmul_tilelang"})
 
 
@@ -210,13 +210,13 @@ def forward(m: int, n: int, k: int, *, dtype: str, target: Target, activation: s
     return Plan(inputs, buffers, (launch,), ("out",))
 
 
-def check_backend(backend: str, dtype: str, k: int, n: int, b_col: bool, arch: int | None = None):
+def check_backend(backend: str, dtype: str, k: int, n: int, arch: int | None = None):
     """Raises ValueError naming the input a resolved backend cannot run (matmul_tilelang.unsupported)."""
-    if backend == "tilelang" and (why := matmul_tilelang.unsupported(dtype, k, n, b_col, arch)):
+    if backend == "tilelang" and (why := matmul_tilelang.unsupported(dtype, k, n, arch)):
         raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
 
 
-def preferred_backend(arch: int, dtype: str, m: int, k: int, n: int, b_col: bool, epilogue: bool) -> str:
+def preferred_backend(arch: int, dtype: str, m: int, k: int, n: int, epilogue: bool) -> str:
     """backend=None's choice on compute capability `arch` (0: not a CUDA device): the fastest measured. "tilelang" on
     sm_90 for the inputs it runs with M >= MIN_TILELANG_ROWS and no epilogue (H200, 2026-12-04, bf16, b = W.t(),
     device time against cuBLAS: 8192^3 1.00x, 4096 x 4096 x 14336 0.94x, 4096 x 14336 x 4096 0.96x; Triton's best
@@ -224,7 +224,7 @@ def preferred_backend(arch: int, dtype: str, m: int, k: int, n: int, b_col: bool
     (its small-M tiles; one 128-row TileLang tile would be mostly empty), other architectures, and epilogues (the
     TileLang epilogue has not been timed yet)."""
     tilelang = arch in matmul_tilelang.ARCHS and m >= MIN_TILELANG_ROWS and not epilogue
-    return "tilelang" if tilelang and not matmul_tilelang.unsupported(dtype, k, n, b_col, arch) else "triton"
+    return "tilelang" if tilelang and not matmul_tilelang.unsupported(dtype, k, n, arch) else "triton"
 
 
 def compiled_forward(backend: str, m: int, n: int, k: int, *, dtype: str, b_col: bool, arch: int, target: Target,
@@ -234,7 +234,7 @@ def compiled_forward(backend: str, m: int, n: int, k: int, *, dtype: str, b_col:
     its transpose with b_col), bias (N,) and residual (M, N) compact; out (M, N) compact in dtype. One Call; an empty
     output or K = 0 runs `forward`'s plan (a TMA descriptor cannot describe an empty operand). `tile_config`: one of
     matmul_tilelang.CONFIGS (None: its default; benchmarks/sweep_matmul.py tries the others)."""
-    check_backend(backend, dtype, k, n, b_col, arch)
+    check_backend(backend, dtype, k, n, arch)
     epilogue = dict(activation=activation, has_bias=has_bias, has_residual=has_residual)
     if not (m and n and k):
         return forward(m, n, k, dtype=dtype, target=target, b_col=b_col, **epilogue)

@@ -1,7 +1,7 @@
 """matmul's TileLang kernel for Hopper (backend="tilelang"): out = act(a @ b + bias) + residual, the math of matmul.py.
 
-One program per (BLOCK_M, BLOCK_N) output tile, the tiles visited in panels of SWIZZLE tile columns
-(T.use_swizzle: a panel's programs share a's row blocks and b's column blocks in L2). a (M, K) row-major and b either
+One program per (BLOCK_M, BLOCK_N) output tile, the tiles visited in panels of SWIZZLE tiles (T.use_swizzle: a
+panel's programs share a's row blocks and b's column blocks in L2). a (M, K) row-major and b either
 (K, N) row-major or, as a torch Linear weight W (N, K) is read for x @ W.t(), column-major (B_COL: the kernel takes
 W itself and multiplies by its transpose). K streams through a T.Pipelined loop of `stages` shared buffers: TileLang
 lowers the tile copies to TMA, the products to wgmma with operands in shared memory and the loop to a TMA producer
@@ -13,8 +13,9 @@ memory (a TMA store). The epilogue has not been timed on a GPU: backend=None run
 Sizes M, N, K are dynamic (no recompile per shape); tiles past M, N or K read TMA's zero fill and are not stored.
 
 Design limits: sm_90a only (`unsupported` says so elsewhere); float16 / bfloat16 in and out, compact operands (the
-torch adapter copies others); K and the row widths multiples of 8 elements (TMA's 16-byte strides); not yet
-persistent (one program a tile).
+torch adapter copies others); K and N multiples of 8 elements (TMA's 16-byte row strides, the output's too); one
+program a tile except in the persistent configurations. The epilogue and 256-row configurations spill 120-172 bytes
+a thread (`__launch_bounds__(384, 1)` caps ptxas at 168 registers, below the consumers' setmaxnreg 240).
 
 backend=None runs it on sm_90 where it is measured faster (matmul.preferred_backend: the ratios to cuBLAS are there).
 """
@@ -44,13 +45,13 @@ PERSISTENT_PROGRAMS = 132  # the SMs of an H100 SXM / H200 (on fewer SMs still c
 DEFAULT_CONFIG = "default"
 
 
-def unsupported(dtype: str, k: int, n: int, b_col: bool, arch: int | None = None) -> str | None:
+def unsupported(dtype: str, k: int, n: int, arch: int | None = None) -> str | None:
     """Why the TileLang kernel cannot run these inputs (a clause naming the feature), or None. arch None: not
     checked (known only on the device)."""
     if dtype not in DTYPES:
         return f"supports {' / '.join(DTYPES)} only (float32 would run in TF32), got {dtype}"
-    if k % 8 or (not b_col and n % 8):
-        return f"needs K{'' if b_col else ' and N'} multiples of 8 (TMA's 16-byte row strides), got K = {k}, N = {n}"
+    if k % 8 or n % 8:  # a's and b's rows (either layout) and the output's, for the TMA loads and store
+        return f"needs K and N multiples of 8 (TMA's 16-byte row strides), got K = {k}, N = {n}"
     if arch is not None and arch not in ARCHS:
         return f"runs on sm_90 (Hopper: wgmma, TMA) only, got sm_{arch}"
     return None
@@ -59,7 +60,7 @@ def unsupported(dtype: str, k: int, n: int, b_col: bool, arch: int | None = None
 def unsupported_inputs(kwargs) -> str | None:
     """`unsupported` for a call's arguments (backends.unsupported_inputs; b as the reference takes it, (K, N))."""
     a, b = kwargs["a"], kwargs["b"]
-    return unsupported(str(a.dtype).removeprefix("torch."), b.shape[0], b.shape[1], False, None)
+    return unsupported(str(a.dtype).removeprefix("torch."), b.shape[0], b.shape[1], None)
 
 
 def kernel_name(b_col: bool, config: str = DEFAULT_CONFIG, has_bias: bool = False, activation: str | None = None,

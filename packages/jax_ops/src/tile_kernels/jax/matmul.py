@@ -47,8 +47,8 @@ def matmul(
     epilogue = bias is not None or activation is not None or residual is not None
     where, preferred = platform(core.NAME), None
     if backend is None and where == "cuda":
-        preferred = core.preferred_backend(cuda_arch(), dtype_name(a.dtype), *a.shape, b.shape[1], False, epilogue)
+        preferred = core.preferred_backend(cuda_arch(), dtype_name(a.dtype), *a.shape, b.shape[1], epilogue)
     backend = backends.resolve(core.NAME, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
-    core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1], False)
+    core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1])
     arrays = (a, b) + tuple(x for x in (bias, residual) if x is not None)
     return _call(activation, bias is not None, residual is not None, backend)(*arrays)[0]

@@ -84,15 +84,12 @@ def matmul(
     _, device = validated(core.NAME, core.check, ("a", "b", "bias", None, "residual"), a, b, bias, activation,
                           residual)  # fmt: skip
     epilogue = bias is not None or activation is not None or residual is not None
-    b_col = b.shape[1] > 1 and b.stride(0) == 1
     preferred = None
     if backend is None and device.type == "cuda":
-        preferred = core.preferred_backend(
-            cuda_arch(device), dtype_name(a.dtype), *a.shape, b.shape[1], b_col, epilogue
-        )
+        preferred = core.preferred_backend(cuda_arch(device), dtype_name(a.dtype), *a.shape, b.shape[1], epilogue)
     backend = resolve_backend(core.NAME, backend, device, preferred)
     if backend != "triton":
-        core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1], b_col)
+        core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1])
     return matmul_fwd(a, b, bias, activation, residual, backend)
 
 
