@@ -6,8 +6,10 @@ cuBLAS, and the max |difference| to cuBLAS's result relative to its largest entr
 last.
 
 With --backend tilelang, the configurations of the TileLang Hopper kernel (core.matmul_tilelang.CONFIGS) instead.
+With --epilogue, every call computes gelu(a @ W.t() + bias) + residual, and the peer is cuBLAS's addmm followed by
+torch's gelu and add.
 
-    python benchmarks/sweep_matmul.py [--shape 8192,8192,8192 ...] [--backend triton|tilelang] [--out FILE]
+    python benchmarks/sweep_matmul.py [--shape 8192,8192,8192 ...] [--backend triton|tilelang] [--epilogue] [--out FILE]
 """
 
 from __future__ import annotations
@@ -39,29 +41,33 @@ def candidates(m: int):
         yield core.Blocks(bm, bn, bk, warps, stages)
 
 
-def triton_calls(a, w, m: int):
+def triton_calls(a, w, m: int, epilogue: dict):
     """(label, call) of each Triton tile configuration: tk.matmul with core.blocks patched while the caller times it
     (the generator resumes, and patches the next, after)."""
     for b in candidates(m):
-        core.blocks = lambda *args, _b=b: _b
+        core.blocks = lambda *args, _b=b, **kwargs: _b
         _runtime._cached_executor.cache_clear()
-        yield str(b), lambda: tk.matmul(a, w.t())
+        yield str(b), lambda: tk.matmul(a, w.t(), **epilogue)
 
 
-def tilelang_calls(a, w):
+def tilelang_calls(a, w, epilogue: dict):
     """(label, call) of each TileLang configuration: its compiled plan run directly (b = w.t(), column-major)."""
     (m, k), n = a.shape, w.shape[0]
+    flags = dict(activation=epilogue.get("activation"), has_bias="bias" in epilogue,
+                 has_residual="residual" in epilogue)  # fmt: skip
+    operands = [epilogue[name] for name in ("bias", "residual") if name in epilogue]
     for config in matmul_tilelang.CONFIGS:
         plan = core.compiled_forward("tilelang", m, n, k, dtype="bfloat16", b_col=True, arch=cuda_arch(a.device),
-                                     target=_runtime.target(a.device), tile_config=config)  # fmt: skip
+                                     target=_runtime.target(a.device), tile_config=config, **flags)  # fmt: skip
         label = f"tilelang {config} {matmul_tilelang.CONFIGS[config]}"
-        yield label, lambda p=plan: run_calls(p, a, w, device=a.device)[0]
+        yield label, lambda p=plan: run_calls(p, a, w, *operands, device=a.device)[0]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", action="append", help="M,K,N (repeatable; default: SHAPES)")
     parser.add_argument("--backend", choices=("triton", "tilelang"), default="triton")
+    parser.add_argument("--epilogue", action="store_true", help="bias, gelu and a residual on every call")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     shapes = [tuple(int(d) for d in s.split(",")) for s in args.shape] if args.shape else SHAPES
@@ -77,13 +83,25 @@ def main(argv=None):
     for m, k, n in shapes:
         a = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
         w = (torch.randn(n, k, generator=g, device="cuda") / k**0.5).to(torch.bfloat16)
-        want = a @ w.t()
+        epilogue = {}
+        if args.epilogue:
+            epilogue = dict(bias=torch.randn(n, generator=g, device="cuda").to(torch.bfloat16), activation="gelu",
+                            residual=torch.randn(m, n, generator=g, device="cuda").to(torch.bfloat16))  # fmt: skip
+
+        def peer(a=a, w=w, e=epilogue):
+            if not e:
+                return a @ w.t()
+            return torch.nn.functional.gelu(torch.addmm(e["bias"], a, w.t())) + e["residual"]
+
+        want = peer()
         scale = want.abs().max().item()
         flops = 2 * m * n * k
-        cublas = triton.testing.do_bench_cudagraph(lambda a=a, w=w: a @ w.t())
-        say(f"{m}x{k}x{n} cuBLAS: {cublas * 1e3:.1f} us {flops / cublas / 1e9:.0f} TFLOP/s")
+        cublas = triton.testing.do_bench_cudagraph(peer)
+        say(f"{m}x{k}x{n} cuBLAS{' + torch epilogue' if epilogue else ''}: {cublas * 1e3:.1f} us "
+            f"{flops / cublas / 1e9:.0f} TFLOP/s")  # fmt: skip
         results = []
-        for label, call in tilelang_calls(a, w) if args.backend == "tilelang" else triton_calls(a, w, m):
+        calls = tilelang_calls(a, w, epilogue) if args.backend == "tilelang" else triton_calls(a, w, m, epilogue)
+        for label, call in calls:
             try:
                 err = (call().float() - want.float()).abs().max().item() / scale
                 ms = triton.testing.do_bench_cudagraph(call)
@@ -95,8 +113,10 @@ def main(argv=None):
                 f"err {err:.2g}")  # fmt: skip
         core.blocks = default
         _runtime._cached_executor.cache_clear()
-        ms = triton.testing.do_bench_cudagraph(lambda a=a, w=w: tk.matmul(a, w.t()))
-        chosen = default(m, n, k, "bfloat16", _runtime.target(a.device))
+        ms = triton.testing.do_bench_cudagraph(lambda a=a, w=w, e=epilogue: tk.matmul(a, w.t(), **e))
+        chosen = core.preferred_backend(cuda_arch(a.device), "bfloat16", m, k, n, bool(epilogue))
+        if chosen == "triton":
+            chosen = default(m, n, k, "bfloat16", _runtime.target(a.device), epilogue=bool(epilogue))
         say(f"{m}x{k}x{n} DEFAULT {chosen}: {ms * 1e3:.1f} us {flops / ms / 1e9:.0f} TFLOP/s {cublas / ms:.2f}x cuBLAS")
         if results:
             ms, best = min(results)
