@@ -14,6 +14,7 @@ An unavailable backend is an error, never a silent substitution.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -204,3 +205,24 @@ def tilelang_build(make_prim_func: Callable, target: dict, pass_configs: dict | 
 def tilelang_function(compiled):
     """The TVM-FFI function of a TileLang build (`tilelang_build`'s JITKernel): its exported kernel entry."""
     return compiled.adapter.get_exportable_executable()[compiled.adapter.prim_func.attrs["global_symbol"]]
+
+
+def tilelang_entry_points(prim_func: Callable, pass_configs: dict | None = None):
+    """(lower, build, function) of a TileLang backend module, what the AOT matrix, the ops' compiled plans and the
+    tests call, from its prim_func(kernel, dtype_a, dtype_b, tilelang_target, *extra) (the two dtypes as its
+    `variants` name them; extra: the module's own build parameters, such as dequant_matmul's group size):
+        lower(kernel, dtype_a, dtype_b, target, *extra)     TileLang's lowering, no build (its .kernel_source)
+        build(kernel, dtype_a, dtype_b, target, *extra)     the nvcc build (TVM-FFI calling convention)
+        function(kernel, dtype_a, dtype_b, arch, *extra)    the built kernel's TVM-FFI function, built once"""
+
+    def lower(kernel: str, dtype_a: str, dtype_b: str, target: dict, *extra):
+        return tilelang_lower(lambda: prim_func(kernel, dtype_a, dtype_b, target, *extra), target)
+
+    def build(kernel: str, dtype_a: str, dtype_b: str, target: dict, *extra):
+        return tilelang_build(lambda: prim_func(kernel, dtype_a, dtype_b, target, *extra), target, pass_configs)
+
+    @functools.cache
+    def function(kernel: str, dtype_a: str, dtype_b: str, arch: int, *extra):
+        return tilelang_function(build(kernel, dtype_a, dtype_b, tilelang_target(arch), *extra))
+
+    return lower, build, function

@@ -16,9 +16,7 @@ unpacked by shifts and masks, one at a time (no lop3 pairs, no Marlin-style repa
 backend=None keeps the Triton kernels until this one is timed on a GPU.
 """
 
-import functools
-
-from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
+from .backends import tilelang_entry_points, tilelang_target
 
 DTYPES = ("float16", "bfloat16")
 ARCHS = (90,)  # compute capabilities the kernel is written for
@@ -63,7 +61,7 @@ def _parse(kernel: str) -> tuple[bool, str]:
     return "zeros" in parts, next((p for p in parts if p in CONFIGS), DEFAULT_CONFIG)
 
 
-def prim_func(kernel: str, dtype: str, group_size: int, tilelang_target: dict):
+def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict, group_size: int = 128):
     """The prim_func `kernel` (kernel_name) for one dtype and group size. Parameters: A (M, K), QW (K / 8, N), S
     (K / group_size, N), with _zeros Z (K / group_size, N) (reads); OUT (M, N) (writes)."""
     import tilelang.language as T
@@ -135,19 +133,4 @@ def variants(dtypes) -> list[tuple[str, str, str]]:
 
 
 target = tilelang_target
-
-
-def lower(kernel: str, dtype: str, _dtype: str, target: dict, group_size: int = 128):
-    """TileLang's lowering of one kernel for a target (no build)."""
-    return tilelang_lower(lambda: prim_func(kernel, dtype, group_size, target), target)
-
-
-def build(kernel: str, dtype: str, _dtype: str, target: dict, group_size: int = 128):
-    """TileLang's nvcc build of one kernel (TVM-FFI calling convention)."""
-    return tilelang_build(lambda: prim_func(kernel, dtype, group_size, target), target)
-
-
-@functools.cache
-def function(kernel: str, dtype: str, _dtype: str, arch: int, group_size: int = 128):
-    """The compiled kernel's TVM-FFI function: kernel(a, qweight, scales, [zeros, ]out)."""
-    return tilelang_function(build(kernel, dtype, dtype, target(arch), group_size))
+lower, build, function = tilelang_entry_points(prim_func)

@@ -58,9 +58,7 @@ bit-deterministic run to run). Configurations (BLOCK_M, BLOCK_N, stages, threads
 bucket the default, the others selected by a "_c<i>" suffix of the kernel name (the benchmark's sweep).
 """
 
-import functools
-
-from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
+from .backends import tilelang_entry_points, tilelang_target
 
 LOG2E = 1.4426950408889634
 DTYPES = ("float16", "bfloat16")
@@ -178,7 +176,7 @@ def _no_keys(dtype: str):
     return flash_fwd_no_keys
 
 
-def prim_func(kernel: str, dtype: str, tilelang_target: dict):
+def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     """The forward prim_func `kernel` (kernel_name) for one dtype and target. Parameters: Q, K, V (reads), OUT, LSE
     (writes), scale, softcap, left, right (scalars)."""
     import tilelang.language as T
@@ -486,20 +484,4 @@ def variants(dtypes) -> list[tuple[str, str, str]]:
 
 
 target = tilelang_target
-
-
-def lower(kernel: str, dtype: str, _dtype: str, target: dict):
-    """TileLang's lowering of one kernel for a target (no build)."""
-    return tilelang_lower(lambda: prim_func(kernel, dtype, target), target)
-
-
-def build(kernel: str, dtype: str, _dtype: str, target: dict):
-    """TileLang's nvcc build of one kernel (TVM-FFI calling convention)."""
-    return tilelang_build(lambda: prim_func(kernel, dtype, target), target, pass_configs=FAST_MATH)
-
-
-@functools.cache
-def function(kernel: str, dtype: str, _dtype: str, arch: int):
-    """The compiled kernel's TVM-FFI function: kernel(q, k, v, out, lse, scale, softcap, left, right)."""
-    compiled = build(kernel, dtype, dtype, target(arch))
-    return tilelang_function(compiled)
+lower, build, function = tilelang_entry_points(prim_func, FAST_MATH)

@@ -16,9 +16,7 @@ K and N multiples of 128 (fp8_matmul.check); BLOCK_N = 128, one b scale a tile; 
 backend=None keeps the Triton kernel until this one is timed on a GPU.
 """
 
-import functools
-
-from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
+from .backends import tilelang_entry_points, tilelang_target
 
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 ARCHS = (90,)  # compute capabilities the kernel is written for
@@ -45,7 +43,7 @@ def kernel_name(config: str = DEFAULT_CONFIG) -> str:
     return "fp8_matmul" if config == DEFAULT_CONFIG else f"fp8_matmul_{config}"
 
 
-def prim_func(kernel: str, out_dtype: str, tilelang_target: dict):
+def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict):
     """The prim_func `kernel` (kernel_name) for one output dtype. Parameters: A (M, K), AS (M, K / 128), B (N, K),
     BS (N / 128, K / 128) (reads); OUT (M, N) (writes)."""
     import tilelang.language as T
@@ -90,19 +88,4 @@ def variants(dtypes) -> list[tuple[str, str, str]]:
 
 
 target = tilelang_target
-
-
-def lower(kernel: str, _in_dtype: str, out_dtype: str, target: dict):
-    """TileLang's lowering of one kernel for a target (no build)."""
-    return tilelang_lower(lambda: prim_func(kernel, out_dtype, target), target)
-
-
-def build(kernel: str, _in_dtype: str, out_dtype: str, target: dict):
-    """TileLang's nvcc build of one kernel (TVM-FFI calling convention)."""
-    return tilelang_build(lambda: prim_func(kernel, out_dtype, target), target)
-
-
-@functools.cache
-def function(kernel: str, in_dtype: str, out_dtype: str, arch: int):
-    """The compiled kernel's TVM-FFI function: kernel(a, a_scales, b, b_scales, out)."""
-    return tilelang_function(build(kernel, in_dtype, out_dtype, target(arch)))
+lower, build, function = tilelang_entry_points(prim_func)

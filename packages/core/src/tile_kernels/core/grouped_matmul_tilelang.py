@@ -14,9 +14,7 @@ group of fewer than BLOCK_M rows still costs a whole tile; not persistent. The w
 kernel. backend=None keeps the Triton kernels until this one is timed on a GPU.
 """
 
-import functools
-
-from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
+from .backends import tilelang_entry_points, tilelang_target
 
 DTYPES = ("float16", "bfloat16")
 ARCHS = (90,)  # compute capabilities the kernel is written for
@@ -56,7 +54,7 @@ def _parse(kernel: str) -> tuple[bool, str]:
     return "bcol" in parts, next((p for p in parts if p in CONFIGS), DEFAULT_CONFIG)
 
 
-def prim_func(kernel: str, dtype: str, tilelang_target: dict):
+def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     """The prim_func `kernel` (kernel_name) for one dtype. Parameters: A (T, R), B (E, R, N) or (E, N, R) with _bcol,
     SIZES (E,) int32, OUT_IN (reads); OUT (T, N) (writes; rows outside every group are left as they are). OUT_IN and
     OUT are one buffer, zeroed by the caller: listed as read, JAX keeps its zeros (an aliased FFI operand)."""
@@ -119,19 +117,4 @@ def variants(dtypes) -> list[tuple[str, str, str]]:
 
 
 target = tilelang_target
-
-
-def lower(kernel: str, dtype: str, _dtype: str, target: dict):
-    """TileLang's lowering of one kernel for a target (no build)."""
-    return tilelang_lower(lambda: prim_func(kernel, dtype, target), target)
-
-
-def build(kernel: str, dtype: str, _dtype: str, target: dict):
-    """TileLang's nvcc build of one kernel (TVM-FFI calling convention)."""
-    return tilelang_build(lambda: prim_func(kernel, dtype, target), target)
-
-
-@functools.cache
-def function(kernel: str, dtype: str, _dtype: str, arch: int):
-    """The compiled kernel's TVM-FFI function: kernel(a, b, sizes, out, out)."""
-    return tilelang_function(build(kernel, dtype, dtype, target(arch)))
+lower, build, function = tilelang_entry_points(prim_func)

@@ -20,9 +20,7 @@ a thread (`__launch_bounds__(384, 1)` caps ptxas at 168 registers, below the con
 backend=None runs it on sm_90 where it is measured faster (matmul.preferred_backend: the ratios to cuBLAS are there).
 """
 
-import functools
-
-from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
+from .backends import tilelang_entry_points, tilelang_target
 
 DTYPES = ("float16", "bfloat16")
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")  # matmul.ACTIVATIONS but None
@@ -98,7 +96,7 @@ def _activation(y, activation: str | None):
     return y
 
 
-def prim_func(kernel: str, dtype: str, tilelang_target: dict):
+def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     """The prim_func `kernel` (kernel_name) for one dtype. Parameters: A (M, K), B (K, N) or (N, K) with _bcol, BIAS
     (N,) with _bias, RES (M, N) with _res (reads); OUT (M, N) (writes)."""
     import tilelang.language as T
@@ -210,19 +208,4 @@ def variants(dtypes) -> list[tuple[str, str, str]]:
 
 
 target = tilelang_target
-
-
-def lower(kernel: str, dtype: str, _dtype: str, target: dict):
-    """TileLang's lowering of one kernel for a target (no build)."""
-    return tilelang_lower(lambda: prim_func(kernel, dtype, target), target)
-
-
-def build(kernel: str, dtype: str, _dtype: str, target: dict):
-    """TileLang's nvcc build of one kernel (TVM-FFI calling convention)."""
-    return tilelang_build(lambda: prim_func(kernel, dtype, target), target)
-
-
-@functools.cache
-def function(kernel: str, dtype: str, _dtype: str, arch: int):
-    """The compiled kernel's TVM-FFI function: kernel(a, b, [bias, ][residual, ]out)."""
-    return tilelang_function(build(kernel, dtype, dtype, target(arch)))
+lower, build, function = tilelang_entry_points(prim_func)

@@ -40,9 +40,7 @@ benchmarks/sweep_mla_decode_tilelang.py measured it at about 2x the Triton path:
 it runs (mla_decode.preferred_backend).
 """
 
-import functools
-
-from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
+from .backends import tilelang_entry_points, tilelang_target
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -102,7 +100,7 @@ def _parse(kernel: str) -> tuple[bool, bool, str]:
     return "paged" in parts, "partial" in parts, config
 
 
-def prim_func(kernel: str, dtype: str, tilelang_target: dict):
+def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     """The split prim_func `kernel` (kernel_name) for one dtype. Parameters: Q_NOPE (B, H, Dc), Q_PE (B, H, Dr),
     KV (P, PS, Dc), K_PE (P, PS, Dr), SEQLENS (B,) int32, [BLOCK_TABLE (B, MP) int32 when paged] (reads); OUT (B, H,
     Dc), LSE (B, H) or PARTIAL_O (B, H, S, Dc), PARTIAL_LSE (B, H, S) (writes); scale (scalar)."""
@@ -243,21 +241,4 @@ def variants(dtypes) -> list[tuple[str, str, str]]:
 
 
 target = tilelang_target
-
-
-def lower(kernel: str, dtype: str, _dtype: str, target: dict):
-    """TileLang's lowering of one kernel for a target (no build)."""
-    return tilelang_lower(lambda: prim_func(kernel, dtype, target), target)
-
-
-def build(kernel: str, dtype: str, _dtype: str, target: dict):
-    """TileLang's nvcc build of one kernel (TVM-FFI calling convention)."""
-    return tilelang_build(lambda: prim_func(kernel, dtype, target), target, pass_configs=FAST_MATH)
-
-
-@functools.cache
-def function(kernel: str, dtype: str, _dtype: str, arch: int):
-    """The compiled kernel's TVM-FFI function: kernel(q_nope, q_pe, kv_c, k_pe, cache_seqlens[, block_table], out,
-    lse, scale) (or partial_o, partial_lse in place of out, lse)."""
-    compiled = build(kernel, dtype, dtype, target(arch))
-    return tilelang_function(compiled)
+lower, build, function = tilelang_entry_points(prim_func, FAST_MATH)

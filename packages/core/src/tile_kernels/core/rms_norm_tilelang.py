@@ -13,9 +13,7 @@ pair, flag and architecture, cached by TileLang on disk. Buffers are compact: th
 Weight is (WB, n) with WB = 1 (shared) or batch (one per problem, a JAX vmap), row min(b, WB - 1).
 """
 
-import functools
-
-from .backends import tilelang_build, tilelang_function, tilelang_lower, tilelang_target
+from .backends import tilelang_entry_points, tilelang_target
 
 THREADS = 256
 CHUNK = THREADS * 8  # elements of a row per step: 8 per thread
@@ -146,7 +144,7 @@ def _colsum(w_dtype: str):
     return rms_norm_colsum
 
 
-def prim_func(kernel: str, x_dtype: str, w_dtype: str):
+def prim_func(kernel: str, x_dtype: str, w_dtype: str, _tilelang_target: dict):
     """One kernel by name: rms_norm_fwd, rms_norm_fwd_residual, rms_norm_bwd, rms_norm_bwd_dh, rms_norm_colsum."""
     if kernel == "rms_norm_colsum":
         return _colsum(w_dtype)
@@ -161,23 +159,5 @@ def variants(dtypes) -> list[tuple[str, str, str]]:
 
 
 target = tilelang_target
-
-
-def lower(kernel: str, x_dtype: str, w_dtype: str, target: dict):
-    """TileLang's lowering of one kernel for a target (no build)."""
-    return tilelang_lower(lambda: prim_func(kernel, x_dtype, w_dtype), target)
-
-
-def build(kernel: str, x_dtype: str, w_dtype: str, target: dict):
-    """TileLang's nvcc build of one kernel (TVM-FFI calling convention)."""
-    return tilelang_build(lambda: prim_func(kernel, x_dtype, w_dtype), target)
-
-
+lower, build, function = tilelang_entry_points(prim_func)
 COLUMN_SUM_KERNEL = "rms_norm_colsum"  # the backward's second launch
-
-
-@functools.cache
-def function(kernel: str, x_dtype: str, w_dtype: str, arch: int):
-    """The compiled kernel's TVM-FFI function: kernel(*buffers in parameter order, *scalars)."""
-    compiled = build(kernel, x_dtype, w_dtype, target(arch))
-    return tilelang_function(compiled)
