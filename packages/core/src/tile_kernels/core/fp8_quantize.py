@@ -36,6 +36,13 @@ BLOCK_ROWS = (128, 1)
 ROW_TILE = (16, 256, 4)
 
 
+def row_tile(k: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_K, warps) of a program that casts rows of width k with per-row scales (store_row_blocks):
+    ROW_TILE, its columns cut to k rounded up to a power of 2."""
+    rows, cols, warps = ROW_TILE
+    return rows, min(cols, next_power_of_2(k)), warps
+
+
 def e4m3_target(target: Target) -> bool:
     """Whether Triton has e4m3 (float8e4nv) on `target`: NVIDIA sm_89+ and the interpreter; not AMD's wavefront-64
     targets (their e4m3 before gfx950 is the fnuz variant), which the plans leave out."""
@@ -158,8 +165,8 @@ def forward(r: int, k: int, *, dtype: str, target: Target, block_rows: int = 1, 
                "scales": BufferSpec((r // block_rows, k // BLOCK), "float32", zeroed=empty)}  # fmt: skip
     if empty:
         return Plan({"x": dtype}, buffers, (), ("codes", "scales"))
-    if block_rows == 1:  # ROW_TILE
-        block_r, block_k, warps = ROW_TILE[0], min(ROW_TILE[1], next_power_of_2(k)), ROW_TILE[2]
+    if block_rows == 1:
+        block_r, block_k, warps = row_tile(k)
     else:  # one 128 x 128 block
         block_r, block_k, warps = BLOCK, BLOCK, 8
     grid = (cdiv(r, block_r), cdiv(k, block_k))

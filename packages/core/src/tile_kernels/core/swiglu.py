@@ -28,6 +28,12 @@ MAX_BLOCK = 2048  # elements of a row per program
 
 
 @triton.jit
+def silu_times(g, u):
+    """silu(g) u = g sigmoid(g) u, g and u float32: swiglu's output before its rounding (swiglu_fp8_quantize's too)."""
+    return g * tl.sigmoid(g) * u
+
+
+@triton.jit
 def swiglu_fwd_kernel(GATE, UP, N, stride_gate, stride_up, Y, BLOCK_N: tl.constexpr, UNIT: tl.constexpr):
     N, stride_gate, stride_up = N * UNIT, stride_gate * UNIT, stride_up * UNIT
     row = tl.program_id(0).to(tl.int64)
@@ -35,7 +41,7 @@ def swiglu_fwd_kernel(GATE, UP, N, stride_gate, stride_up, Y, BLOCK_N: tl.conste
     mask = cols < N
     g = tl.load(GATE + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(UP + row * stride_up + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Y + row * N + cols, (g * tl.sigmoid(g) * u).to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + row * N + cols, silu_times(g, u).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -10,7 +10,7 @@ gate-up projection cost no copy). y never reaches memory: 2 inputs read, 1 + 4 /
 math is swiglu's (swiglu.py) and fp8_quantize's (quantize_block_rows), so the codes are those of the two ops run
 one after the other on the same device. Not differentiable.
 
-swiglu_fp8_quantize_kernel: a tile a program, as fp8_quantize's (fp8_quantize.ROW_TILE).
+swiglu_fp8_quantize_kernel: a tile a program, as fp8_quantize's (fp8_quantize.row_tile).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from . import checks, fp8_quantize, swiglu
-from .fp8_quantize import BLOCK, FP8, e4m3_target, fused_cast_slack, quantize, require_e4m3, store_row_blocks
-from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
+from . import checks, swiglu
+from .fp8_quantize import BLOCK, FP8, e4m3_target, fused_cast_slack, quantize, require_e4m3, row_tile, store_row_blocks
+from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
 NAME = "swiglu_fp8_quantize"
@@ -40,8 +40,8 @@ def swiglu_fp8_quantize_kernel(
     mask = (rr < R - row0)[:, None] & (kk < K - col0)[None, :]
     g = tl.load(GATE + row0.to(tl.int64) * ldg + rr[:, None] * ldg + col0 + kk[None, :], mask=mask, other=0.0)
     u = tl.load(UP + row0.to(tl.int64) * ldu + rr[:, None] * ldu + col0 + kk[None, :], mask=mask, other=0.0)
-    g = g.to(tl.float32)
-    y = (g * tl.sigmoid(g) * u.to(tl.float32)).to(GATE.dtype.element_ty).to(tl.float32)  # as swiglu stores it
+    y = swiglu.silu_times(g.to(tl.float32), u.to(tl.float32))
+    y = y.to(GATE.dtype.element_ty).to(tl.float32)  # rounded as swiglu stores it
     store_row_blocks(y, CODES, SCALES, row0, R, K, col0, BLOCK_R, BLOCK_K)
 
 
@@ -68,8 +68,7 @@ def forward(r: int, k: int, *, dtype: str, target: Target, ldg: int | None = Non
     inputs = {"gate": dtype, "up": dtype}
     if empty:
         return Plan(inputs, buffers, (), ("codes", "scales"))
-    block_r, block_k, warps = fp8_quantize.ROW_TILE
-    block_k = min(block_k, next_power_of_2(k))
+    block_r, block_k, warps = row_tile(k)
     grid = (cdiv(r, block_r), cdiv(k, block_k))
     reads = ("gate", "up", r, k, ldg or k, ldu or k)
     constexprs = dict(BLOCK_R=block_r, BLOCK_K=block_k)
