@@ -4,6 +4,7 @@ TILE_KERNELS_TEST_DEVICE=cpu (default) runs the real kernels in Triton's interpr
 before anything imports triton); =gpu runs them compiled on the CUDA/ROCm device. HYPOTHESIS_PROFILE picks dev / ci
 (derandomized) / gpu (more examples). Every buffer an op allocates is poisoned with NaN (TILE_KERNELS_POISON=1)."""
 
+import importlib.util
 import os
 
 DEVICE = os.environ.setdefault("TILE_KERNELS_TEST_DEVICE", "cpu")
@@ -37,6 +38,8 @@ if DEVICE == "cpu":
 OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor") + (
     ("test_aot_dispatch_dynamic",) if DEVICE == "gpu" else ()
 )
+# tests of TileLang kernels' lowering and builds (they run on the CPU, as nvcc builds: no GPU needed)
+needs_tilelang = pytest.mark.skipif(importlib.util.find_spec("tilelang") is None, reason="tilelang not installed")
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -11,6 +11,7 @@ import re
 import textwrap
 
 import pytest
+from conftest import needs_tilelang
 from subprocesses import run_python
 
 from tile_kernels.core import REGISTRY, aot, backends
@@ -211,9 +212,6 @@ def test_the_resource_report_finds_spills(target, tmp_path):
     small, large = ([int(v) for v in line.split()[1:4]] for line in run.stdout.strip().splitlines()[-2:])
     assert 0 < small[0] < 255 and small[1] == 0 and small[2] >= 1, run.stdout  # registers, spilled bytes, occupancy
     assert large[1] > 0, run.stdout
-
-
-needs_tilelang = pytest.mark.skipif(aot.missing_tilelang() is not None, reason="tilelang not installed")
 
 
 @needs_tilelang

@@ -5,11 +5,9 @@ numerics of every backend against the float64 references are in test_ops.py."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
-from conftest import DEVICE
+from conftest import DEVICE, needs_tilelang
 from drivers import DRIVERS
 from test_flash_attention import assert_torch_compile_matches_eager
 from test_ops import assert_close
@@ -100,9 +98,6 @@ def test_compiled_plans_match_the_triton_plans_buffers():
 
 
 # ------------------------------------------------------------------------------------ what the CPU can build
-
-
-needs_tilelang = pytest.mark.skipif(importlib.util.find_spec("tilelang") is None, reason="tilelang not installed")
 
 
 @needs_tilelang

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS
+from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang
 from drivers import DRIVERS
 
 from tile_kernels.core import dequant_matmul as dm
@@ -138,10 +138,6 @@ def test_round_to_models_the_kernels_weight_rounding():
     kwargs = dm.sample(np.random.default_rng(5), (2, 16), "bfloat16", group_size=8)
     w = dm.weight(kwargs["qweight"], kwargs["scales"], 8)
     assert np.array_equal(w, round_to(w, "bfloat16").astype(np.float64))
-
-
-needs_tilelang = pytest.mark.skipif(__import__("importlib").util.find_spec("tilelang") is None,
-                                    reason="tilelang not installed")  # fmt: skip
 
 
 def test_tilelang_backend_plan_and_refusals():

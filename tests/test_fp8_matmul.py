@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS
+from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang
 from drivers import DRIVERS
 from test_ops import assert_close
 
@@ -138,10 +138,6 @@ def test_scaled_mm_peer_with_block_scales_matches():
     kwargs = f8.sample(np.random.default_rng(6), (256, 512, 384), "bfloat16")
     out = _scaled_mm(True)(*_torch(kwargs), out_dtype="bfloat16")
     assert_close("torch._scaled_mm", out.double().cpu().numpy(), f8.reference(**kwargs)[0], "bfloat16")
-
-
-needs_tilelang = pytest.mark.skipif(__import__("importlib").util.find_spec("tilelang") is None,
-                                    reason="tilelang not installed")  # fmt: skip
 
 
 def test_tilelang_backend_plan_and_refusals():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS
+from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang
 from drivers import DRIVERS
 from test_ops import assert_close
 
@@ -110,10 +110,6 @@ def test_bench_peers(framework):
         kwargs = gm.sample(np.random.default_rng(seed), (3, 40), "float32", experts=4)
         kwargs["group_sizes"][-1] = max(0, kwargs["group_sizes"][-1] - 2)  # the last 2 rows in no group
         np.testing.assert_allclose(peer(kwargs)[0], gm.reference(**kwargs)[0], rtol=2e-5, atol=1e-5)
-
-
-needs_tilelang = pytest.mark.skipif(__import__("importlib").util.find_spec("tilelang") is None,
-                                    reason="tilelang not installed")  # fmt: skip
 
 
 def test_tilelang_backend_plan_and_refusals():

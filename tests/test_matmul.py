@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS
+from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang
 from drivers import DRIVERS
 from test_ops import assert_close
 
@@ -149,9 +149,6 @@ def test_bench_peers_on_every_epilogue(framework, activation):
 
 
 # ------------------------------------------------------------------------------------------ the TileLang backend
-
-needs_tilelang = pytest.mark.skipif(__import__("importlib").util.find_spec("tilelang") is None,
-                                    reason="tilelang not installed")  # fmt: skip
 
 
 def test_tilelang_backend_refuses_what_it_cannot_run():
