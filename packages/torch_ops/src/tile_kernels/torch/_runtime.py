@@ -39,13 +39,15 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack
 _functorch_transforms = torch._C._are_functorch_transforms_active
 
 
-def eager_op(name: str, impl, setup_context=None, backward=None, mutates_args=()):
-    """Registers `impl` as the triton_op tile_kernels::<name> (with `backward` as its autograd, when given) and
-    returns its call: `impl(*args)` directly in eager mode (not tracing under torch.compile or fake tensors, no
-    dispatch mode or functorch transform that must see the op, no tensor subclass such as DTensor), through an
-    autograd.Function made of the same `setup_context` / `backward` when a gradient is wanted; the registered op
-    otherwise. Both ways differentiate alike."""
-    op = triton_op(f"tile_kernels::{name}", mutates_args=mutates_args)(impl)
+def eager_op(name: str, impl, setup_context=None, backward=None, mutates_args=(), register=triton_op):
+    """Registers `impl` as the triton_op tile_kernels::<name> (`register`: custom_op for compiled_op's; with
+    `backward` as its autograd, when given) and returns its call: `impl(*args)` directly in eager mode (not tracing
+    under torch.compile or fake tensors, no dispatch mode or functorch transform that must see the op, no tensor
+    subclass such as DTensor), through an autograd.Function made of the same `setup_context` / `backward` when a
+    gradient is wanted; the registered op otherwise. Both ways differentiate alike. The call's `.register_fake` is
+    the op's."""
+    op = register(f"tile_kernels::{name}", mutates_args=mutates_args)(impl)
+    function = None  # a filled closure cell: triton_op inspects the closures of the functions its body calls
     if backward is not None:
         op.register_autograd(backward, setup_context=setup_context)
 
@@ -70,32 +72,17 @@ def eager_op(name: str, impl, setup_context=None, backward=None, mutates_args=()
             return function.apply(*args)
         return impl(*args)
 
+    call.register_fake = op.register_fake
     call.__name__ = call.__qualname__ = name
     call.__doc__ = impl.__doc__
     return call
 
 
 def compiled_op(name: str):
-    """Decorator: registers `impl` (a call of TVM-FFI compiled functions, opaque to torch.compile) as the custom op
-    tile_kernels::<name> and returns its call: `impl(*args)` directly in eager mode (eager_op's conditions: custom
-    op dispatch costs host time a call), the op otherwise. `.register_fake` registers the op's fake implementation."""
-
-    def wrap(impl):
-        op = custom_op(f"tile_kernels::{name}", mutates_args=())(impl)
-
-        def call(*args):
-            if _compiling() or _dispatch_modes() or _functorch_transforms():
-                return op(*args)
-            if any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args):
-                return op(*args)
-            return impl(*args)
-
-        call.register_fake = op.register_fake
-        call.__name__ = call.__qualname__ = name
-        call.__doc__ = impl.__doc__
-        return call
-
-    return wrap
+    """Decorator: eager_op for `impl`, a call of TVM-FFI compiled functions (opaque to torch.compile), registered as
+    the custom op tile_kernels::<name>: run directly in eager mode (custom op dispatch costs host time a call), the
+    op otherwise; `.register_fake` registers its fake implementation."""
+    return lambda impl: eager_op(name, impl, register=custom_op)
 
 
 def register_public_op(schema: str, fn) -> None:
