@@ -1,9 +1,9 @@
 """Sweep of grouped_matmul's launch configuration (core.grouped_matmul.Blocks) on the current GPU: device time
 (CUDA-graph replays, triton.testing.do_bench_cudagraph) of the forward and of forward + backward (dx and dW through
 autograd) beside torch._grouped_mm in the same run, bf16, groups of equal size. Shapes (E, T, K, N): Mixtral's up
-projection (8 experts, 8192 tokens x top-2) and DeepSeek-V2-Lite's gate-up projection (64 experts, 8192 tokens x
-top-6, N = 2 x 1408, as benchmarks/moe_layer.py runs it). Each line: us and TFLOP/s of the forward and of the step,
-their ratios to torch._grouped_mm; the default last. On Hopper also the TileLang forward's configurations
+and down projections (8 experts, 8192 tokens x top-2); torch._grouped_mm stops the run with a device assert at 64
+experts, DeepSeek-V2-Lite's shape (benchmarks/results/h200/notes.md). Each line: us and TFLOP/s of the forward and of
+the step, their ratios to torch._grouped_mm; the default last. On Hopper also the TileLang forward's configurations
 (core.grouped_matmul_tilelang.CONFIGS; its step runs the Triton backward).
 
     python benchmarks/sweep_grouped_matmul.py [--shape 8,16384,4096,14336 ...] [--out FILE]
@@ -22,7 +22,7 @@ from tile_kernels.core import grouped_matmul_tilelang
 from tile_kernels.torch import _runtime
 from tile_kernels.torch._calls import cuda_arch
 
-SHAPES = ((8, 16384, 4096, 14336), (64, 49152, 2048, 2816))
+SHAPES = ((8, 16384, 4096, 14336), (8, 16384, 14336, 4096))
 CANDIDATES = [core.Blocks(*c) for c in [(64, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3),
                                          (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 32, 4, 4),
                                          (64, 256, 64, 8, 3), (128, 64, 64, 4, 4)]]  # fmt: skip

@@ -114,7 +114,7 @@ def main(argv=None):
         core.blocks = default
         _runtime._cached_executor.cache_clear()
         ms = triton.testing.do_bench_cudagraph(lambda a=a, w=w, e=epilogue: tk.matmul(a, w.t(), **e))
-        chosen = core.preferred_backend(cuda_arch(a.device), "bfloat16", m, k, n, bool(epilogue))
+        chosen = core.preferred_backend(cuda_arch(a.device), "bfloat16", m, k, n)
         if chosen == "triton":
             chosen = default(m, n, k, "bfloat16", _runtime.target(a.device), epilogue=bool(epilogue))
         say(f"{m}x{k}x{n} DEFAULT {chosen}: {ms * 1e3:.1f} us {flops / ms / 1e9:.0f} TFLOP/s {cublas / ms:.2f}x cuBLAS")

@@ -115,7 +115,7 @@ def test_bench_peers(framework):
 def test_tilelang_backend_plan_and_refusals():
     """backend="tilelang": clear errors for float32, unaligned K or N and GPUs other than Hopper; its plan one Call
     that reads and writes the zeroed output (rows outside every group stay 0, also in JAX), or the Triton plan for an
-    empty product; backend=None stays Triton until the kernel is timed."""
+    empty product; backend=None picks it on Hopper from MIN_TILELANG_ROWS tokens for the inputs it runs."""
     from tile_kernels.core import backends
     from tile_kernels.core.backends import Call
     from tile_kernels.core.plan import Target
@@ -127,7 +127,12 @@ def test_tilelang_backend_plan_and_refusals():
     ]:
         with pytest.raises(ValueError, match=f"grouped_matmul: backend 'tilelang' {match}.*; backend='triton' runs"):
             gm.check_backend("tilelang", *args)
-    assert backends.resolve(gm.NAME, None, "cuda") == "triton"
+    assert backends.resolve(gm.NAME, None, "cuda") == "triton"  # the platform default; per call: preferred_backend
+    assert gm.preferred_backend(90, "bfloat16", gm.MIN_TILELANG_ROWS, 4096, 14336) == "tilelang"
+    for args in [(90, "bfloat16", gm.MIN_TILELANG_ROWS - 1, 4096, 14336), (90, "float32", 16384, 4096, 14336),
+                 (90, "bfloat16", 16384, 4100, 14336), (80, "bfloat16", 16384, 4096, 14336),
+                 (0, "bfloat16", 16384, 4096, 14336)]:  # fmt: skip
+        assert gm.preferred_backend(*args) == "triton", args
     target = Target(num_sms=132, cuda_arch=90)
     plan = gm.compiled_forward("tilelang", 300, 256, 512, 8, dtype="bfloat16", arch=90, target=target)
     (call,) = plan.launches

@@ -167,12 +167,11 @@ def test_tilelang_backend_refuses_what_it_cannot_run():
         with pytest.raises(ValueError, match=f"matmul: backend 'tilelang' {match}.*; backend='triton' runs it"):
             mm.check_backend("tilelang", *args)
     mm.check_backend("tilelang", "bfloat16", 64, 64, 90)
-    assert mm.preferred_backend(90, "bfloat16", 4096, 4096, 4096, False) == "tilelang"
+    assert mm.preferred_backend(90, "bfloat16", 4096, 4096, 4096) == "tilelang"
     shape = (4096, 4096, 4096)
-    for args in [(90, "bfloat16", 64, 4096, 4096, False), (90, "bfloat16", *shape, True),
-                 (90, "float32", *shape, False), (80, "bfloat16", *shape, False),
-                 (90, "bfloat16", 4096, 4100, 4096, False), (90, "bfloat16", 4096, 4096, 50257, False),
-                 (0, "bfloat16", *shape, False)]:  # fmt: skip
+    for args in [(90, "bfloat16", 64, 4096, 4096), (90, "float32", *shape), (80, "bfloat16", *shape),
+                 (90, "bfloat16", 4096, 4100, 4096), (90, "bfloat16", 4096, 4096, 50257),
+                 (0, "bfloat16", *shape)]:  # fmt: skip
         assert mm.preferred_backend(*args) == "triton", args
     target = Target(num_sms=132, cuda_arch=90)
     plan = mm.compiled_forward("tilelang", 300, 2048, 1024, dtype="bfloat16", b_col=True, arch=90, target=target)

@@ -129,6 +129,7 @@ def test_forward_matches_reference(driver, op, backend, data):
 
 @pytest.mark.parametrize("op, backend", _with_gradient(OP_BACKENDS))
 @given(data=st.data())
+@settings(suppress_health_check=[HealthCheck.filter_too_much])  # as test_forward_matches_reference
 def test_gradients_match_reference(driver, op, backend, data):
     info = REGISTRY[op]
     kwargs, layout, seed = data.draw(problems(op, backend))

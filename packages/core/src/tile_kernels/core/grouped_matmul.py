@@ -189,6 +189,18 @@ def forward(t: int, k: int, n: int, e: int, *, dtype: str, target: Target) -> Pl
     return Plan(inputs, buffers, (launch,), ("out",))
 
 
+MIN_TILELANG_ROWS = 4096  # preferred_backend: fewer tokens run Triton's 64-row tiles (less of a group's tile wasted)
+
+
+def preferred_backend(arch: int, dtype: str, t: int, k: int, n: int) -> str:
+    """backend=None's choice on compute capability `arch` (0: not a CUDA device): "tilelang" (its forward; Triton's
+    backward) on sm_90 for the inputs it runs with T >= MIN_TILELANG_ROWS (H200, 2026-12-04, bf16, E8 T16384 K4096
+    N14336, device time: forward 1.08x Triton's default tiles, 0.73x torch._grouped_mm; benchmarks/results/h200/
+    notes.md), else "triton"."""
+    tilelang = arch in grouped_matmul_tilelang.ARCHS and t >= MIN_TILELANG_ROWS
+    return "tilelang" if tilelang and not grouped_matmul_tilelang.unsupported(dtype, k, n, arch) else "triton"
+
+
 def check_backend(backend: str, dtype: str, k: int, n: int, arch: int | None = None) -> None:
     """Raises ValueError naming the input a resolved backend cannot run (grouped_matmul_tilelang.unsupported)."""
     if backend == "tilelang" and (why := grouped_matmul_tilelang.unsupported(dtype, k, n, arch)):
@@ -271,8 +283,9 @@ def cost(kwargs) -> tuple[Cost, Cost]:
 
 def sample(rng: np.random.Generator, shape, dtype: str, experts=None) -> dict:
     """A benchmark's (E, T, K, N) as it is (K >= 256; T tokens spread evenly over E experts); else T = the product
-    of the leading dims (1 without), N = the last dim (up to 256; wider ones folded to 128 .. 256), K in 1 .. 150, E
-    in 1 .. 6 (`experts` fixes it) with random sizes summing to T (empty groups likely)."""
+    of the leading dims (1 without), N = the last dim (up to 256; wider ones folded to 128 .. 256), K in 1 .. 150;
+    half the time K and N multiples of 8 (K up to 144, N rounded down); E in 1 .. 6 (`experts` fixes it) with random
+    sizes summing to T (empty groups likely)."""
     shape = tuple(shape)
     if len(shape) == 4 and shape[2] >= 256:
         e, t, k, n = shape
@@ -280,7 +293,11 @@ def sample(rng: np.random.Generator, shape, dtype: str, experts=None) -> dict:
     else:
         t, n = int(np.prod(shape[:-1])), shape[-1]
         n = n if n <= 256 else 128 + n % 129
-        k, e = int(rng.integers(1, 151)), experts or int(rng.integers(1, 7))
+        if rng.random() < 0.5:  # K and N multiples of 8 half the time: the widths TMA (the TileLang kernel) needs
+            k, n = 8 * int(rng.integers(1, 19)), 8 * max(1, n // 8)
+        else:
+            k = int(rng.integers(1, 151))
+        e = experts or int(rng.integers(1, 7))
         sizes = rng.multinomial(t, rng.dirichlet(np.ones(e)))
     return {
         "x": round_to(rng.standard_normal((t, k)), dtype),

@@ -216,14 +216,14 @@ def check_backend(backend: str, dtype: str, k: int, n: int, arch: int | None = N
         raise ValueError(f"{NAME}: backend {backend!r} {why}; backend='triton' runs it")
 
 
-def preferred_backend(arch: int, dtype: str, m: int, k: int, n: int, epilogue: bool) -> str:
+def preferred_backend(arch: int, dtype: str, m: int, k: int, n: int) -> str:
     """backend=None's choice on compute capability `arch` (0: not a CUDA device): the fastest measured. "tilelang" on
-    sm_90 for the inputs it runs with M >= MIN_TILELANG_ROWS and no epilogue (H200, 2026-12-04, bf16, b = W.t(),
-    device time against cuBLAS: 8192^3 1.00x, 4096 x 4096 x 14336 0.94x, 4096 x 14336 x 4096 0.96x; Triton's best
-    tiles 0.86 / 0.80 / 0.79x; benchmarks/results/h200/notes.md); "triton" for float32, unaligned K or N, fewer rows
-    (its small-M tiles; one 128-row TileLang tile would be mostly empty), other architectures, and epilogues (the
-    TileLang epilogue has not been timed yet)."""
-    tilelang = arch in matmul_tilelang.ARCHS and m >= MIN_TILELANG_ROWS and not epilogue
+    sm_90 for the inputs it runs with M >= MIN_TILELANG_ROWS (H200, 2026-12-04, bf16, b = W.t(), device time against
+    cuBLAS: 8192^3 0.99-1.00x, 4096 x 4096 x 14336 0.93-0.94x, 4096 x 14336 x 4096 0.96x, Triton's best tiles 0.86 /
+    0.80 / 0.79x; with bias, GELU and a residual at 4096 x 4096 x 14336 against cuBLAS + torch's epilogue 0.86x,
+    Triton's default tiles 0.77x; benchmarks/results/h200/notes.md); "triton" for float32, unaligned K or N, fewer
+    rows (its small-M tiles; one 128-row TileLang tile would be mostly empty) and other architectures."""
+    tilelang = arch in matmul_tilelang.ARCHS and m >= MIN_TILELANG_ROWS
     return "tilelang" if tilelang and not matmul_tilelang.unsupported(dtype, k, n, arch) else "triton"
 
 

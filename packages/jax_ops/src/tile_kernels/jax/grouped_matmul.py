@@ -49,9 +49,13 @@ def grouped_matmul(x: jax.Array, weights: jax.Array, group_sizes: jax.Array, bac
     """MoE expert GEMM: x (T, K) holds the tokens sorted by expert, group e the next group_sizes[e] rows (int32 (E,));
     out[rows of e] = x[rows of e] @ weights[e], weights (E, K, N) in x's dtype. Returns (T, N); rows past the sizes'
     sum are 0 (as jax.lax.ragged_dot). Differentiable in x and weights. backend: "triton", "tilelang" (Hopper
-    forward, float16 / bfloat16; Triton backward) or None for the device's default (Triton)."""
+    forward, float16 / bfloat16; Triton backward) or None for the fastest measured for these inputs on the device
+    (core.preferred_backend: TileLang on Hopper from 4096 tokens)."""
     core.check(x, weights, group_sizes)
-    backend = backends.resolve(core.NAME, backend, platform(core.NAME), needs=("jax_tvm_ffi",))
+    where, preferred = platform(core.NAME), None
+    if backend is None and where == "cuda":
+        preferred = core.preferred_backend(cuda_arch(), dtype_name(x.dtype), x.shape[0], *weights.shape[1:])
+    backend = backends.resolve(core.NAME, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
     if backend != "triton":
         core.check_backend(backend, dtype_name(x.dtype), weights.shape[1], weights.shape[2], cuda_arch())
     return _grouped_matmul(*vary_alike(x, weights, group_sizes), backend)  # in a shard_map: dx summed over devices

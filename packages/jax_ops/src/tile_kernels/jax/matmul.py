@@ -44,10 +44,9 @@ def matmul(
     Returns (M, N) in a's dtype. backend: "triton", "tilelang" (Hopper; float16 / bfloat16) or None for
     the fastest measured for these inputs on the device (core.preferred_backend). Not differentiable."""
     core.check(a, b, bias, activation, residual)
-    epilogue = bias is not None or activation is not None or residual is not None
     where, preferred = platform(core.NAME), None
     if backend is None and where == "cuda":
-        preferred = core.preferred_backend(cuda_arch(), dtype_name(a.dtype), *a.shape, b.shape[1], epilogue)
+        preferred = core.preferred_backend(cuda_arch(), dtype_name(a.dtype), *a.shape, b.shape[1])
     backend = backends.resolve(core.NAME, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
     core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1])
     arrays = (a, b) + tuple(x for x in (bias, residual) if x is not None)

@@ -69,9 +69,13 @@ def grouped_matmul(
     """MoE expert GEMM: x (T, K) holds the tokens sorted by expert, group e the next group_sizes[e] rows (int32 (E,));
     out[rows of e] = x[rows of e] @ weights[e], weights (E, K, N) in x's dtype. Returns (T, N); rows past the sizes'
     sum are 0 (the sum is not checked: a host sync). Differentiable in x and weights. backend: "triton", "tilelang"
-    (Hopper forward, float16 / bfloat16; Triton backward) or None for the device's default (Triton)."""
+    (Hopper forward, float16 / bfloat16; Triton backward) or None for the fastest measured for these inputs on the
+    device (core.preferred_backend: TileLang on Hopper from 4096 tokens)."""
     _, device = validated(core.NAME, core.check, ("x", "weights", "group_sizes"), x, weights, group_sizes)
-    backend = resolve_backend(core.NAME, backend, device)
+    preferred = None
+    if backend is None and device.type == "cuda":
+        preferred = core.preferred_backend(cuda_arch(device), dtype_name(x.dtype), x.shape[0], *weights.shape[1:])
+    backend = resolve_backend(core.NAME, backend, device, preferred)
     if backend != "triton":
         core.check_backend(backend, dtype_name(x.dtype), weights.shape[1], weights.shape[2], cuda_arch(device))
     return grouped_matmul_fwd(x, weights, group_sizes, backend)
