@@ -171,13 +171,13 @@ def test_tilelang_backend_plan_and_refusals():
 @needs_tilelang
 @pytest.mark.parametrize("zeros", [False, True])
 def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code(zeros):
-    """TMA loads (a and the packed codes), wgmma of 64 x 128 from the dequantized shared tile, a producer warp group
-    with register reallocation, a TMA store."""
+    """TMA loads (a, the packed codes and the step's scales and zeros), wgmma of 64 x 128 from the dequantized shared
+    tile, a producer warp group with register reallocation, a TMA store."""
     from tile_kernels.core import dequant_matmul_tilelang as tl_dm
 
     source = tl_dm.lower(tl_dm.kernel_name(zeros), "bfloat16", "bfloat16", tl_dm.target(90)).kernel_source
     for feature in ("tma_load", "kBFloat16, tl::DataType::kFloat32, 64, 128, 16", "warpgroup_reg_alloc", "tma_store",
-                    "S[") + ("Z[",) * zeros:  # fmt: skip
+                    "tma_load(S_desc") + ("tma_load(Z_desc",) * zeros:  # fmt: skip
         assert feature in source, feature
 
 

@@ -142,13 +142,16 @@ def test_scaled_mm_peer_with_block_scales_matches():
 
 def test_tilelang_backend_plan_and_refusals():
     """backend="tilelang": a clear error off Hopper; its plan one Call over the four operands, or Triton's zeros for
-    an empty product; backend=None stays Triton until the kernel is timed."""
+    an empty product; backend=None picks it on Hopper from MIN_TILELANG_ROWS rows."""
     from tile_kernels.core import backends
     from tile_kernels.core.backends import Call
 
     with pytest.raises(ValueError, match="fp8_matmul: backend 'tilelang' runs on sm_90 .* got sm_89; backend='triton'"):
         f8.check_backend("tilelang", 89)
-    assert backends.resolve(f8.NAME, None, "cuda") == "triton"
+    assert backends.resolve(f8.NAME, None, "cuda") == "triton"  # the platform default; per call: preferred_backend
+    assert f8.preferred_backend(90, f8.MIN_TILELANG_ROWS) == "tilelang"
+    for args in [(90, f8.MIN_TILELANG_ROWS - 1), (89, 4096), (100, 4096), (0, 4096)]:
+        assert f8.preferred_backend(*args) == "triton", args
     target = Target(num_sms=132, cuda_arch=90)
     plan = f8.compiled_forward("tilelang", 300, 256, 512, out_dtype="float32", arch=90, target=target)
     assert [type(s) for s in plan.launches] == [Call] and plan.launches[0].reads == tuple(plan.inputs)

@@ -33,10 +33,10 @@ PLATFORMS = ("cpu", "cuda", "rocm")  # cpu = Triton's interpreter
 # 889-3371 and CUDA C++'s 1744-1758, backward 2303-2775 against 465-893 and 1027-1263. Re-measure (and change this
 # entry) when those kernels improve. An op whose fastest backend depends on its inputs (INPUT_AWARE) names it per call
 # instead (`resolve`'s `preferred`: flash_attention.preferred_backend, mla_decode.preferred_backend,
-# matmul.preferred_backend, grouped_matmul.preferred_backend; the torch adapters ask for it, JAX's take the platform
-# default except the GEMMs').
+# matmul.preferred_backend, grouped_matmul.preferred_backend, fp8_matmul.preferred_backend; the torch adapters ask for
+# it, JAX's take the platform default except the GEMMs').
 DEFAULTS: dict[tuple[str, str], str] = {("rms_norm", "cuda"): "triton"}
-INPUT_AWARE = ("flash_attention", "mla_decode", "matmul", "grouped_matmul")
+INPUT_AWARE = ("flash_attention", "mla_decode", "matmul", "grouped_matmul", "fp8_matmul")
 
 # op -> {backend: module that builds its Plans of Calls, imported on first use; None: the op's own Triton plans}
 _IMPLEMENTATIONS: dict[str, dict[str, str | None]] = {}

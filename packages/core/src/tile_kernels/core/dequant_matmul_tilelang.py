@@ -1,19 +1,23 @@
 """dequant_matmul's TileLang kernel for Hopper at prefill sizes (backend="tilelang"): the math of dequant_matmul.py.
 
 One program per (BLOCK_M, BLOCK_N) output tile, the tiles visited in panels of SWIZZLE tile columns. K streams in
-BLOCK_K steps through a T.Pipelined loop of `stages` shared buffers: the a tile (BLOCK_M, BLOCK_K) and the packed
-codes (BLOCK_K / 8, BLOCK_N) int32 arrive by TMA from a producer warp group; the consumer warp groups unpack the codes
-into W = (code - zero) * scale, formed in fp32 and rounded to a's dtype as the reference's dequantize-then-multiply
-(a step lies in one group: BLOCK_K divides group_size), write that (BLOCK_K, BLOCK_N) tile to shared memory and run the
-step's wgmma on it. The fp32 accumulator is rounded once and leaves through shared memory (a TMA store).
+BLOCK_K steps through a T.Pipelined loop of `stages` shared buffers: the a tile (BLOCK_M, BLOCK_K), the packed codes
+(BLOCK_K / 8, BLOCK_N) int32 and the step's row of scales (and zeros) arrive by TMA from a producer warp group (the
+consumers read only shared memory: a global load of theirs would add its latency to every step). The consumer warp
+groups unpack the codes into W = (code - zero) * scale, formed in fp32 and rounded to a's dtype as the reference's
+dequantize-then-multiply (a step lies in one group: BLOCK_K divides group_size), write that (BLOCK_K, BLOCK_N) tile
+to shared memory and run the step's wgmma on it. The fp32 accumulator is rounded once and leaves through shared
+memory (a TMA store).
 
 Sizes M, N, K are dynamic (no recompile per shape); rows and columns past the ends read TMA's zero fill (and a zero
 scale) and are not stored.
 
 Design limits: sm_90a only; float16 / bfloat16; qweight, scales and zeros compact (the adapters copy others); N a
 multiple of 8 (TMA's 16-byte row strides of the scales), group_size a multiple of BLOCK_K (64); the codes are
-unpacked by shifts and masks, one at a time (no lop3 pairs, no Marlin-style repack); not persistent.
-backend=None keeps the Triton kernels until this one is timed on a GPU.
+unpacked by shifts and masks (no lop3 pairs, no Marlin-style repack); the unpacking and the wgmma of a step do not
+overlap; not persistent.
+backend=None keeps the Triton kernels: this one is slower (H200, 2026-12-04, M 4096, K 8192, N 28672: 242 TFLOP/s,
+the Triton kernel 333, cuBLAS on the dequantized weight 731; benchmarks/results/h200/notes.md).
 """
 
 from .backends import tilelang_entry_points, tilelang_target
@@ -79,21 +83,21 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict, group
             w_tile = T.alloc_shared((BLOCK_K, bn), dtype)
             out_tile = T.alloc_shared((bm, bn), dtype)
             acc = T.alloc_fragment((bm, bn), f32)
+            s_tile = T.alloc_shared((1, bn), dtype)
+            z_tile = T.alloc_shared((1, bn), dtype)
             T.use_swizzle(SWIZZLE)
             T.clear(acc)
             for k in T.Pipelined(T.ceildiv(K, BLOCK_K), num_stages=stages):
                 T.copy(A[by * bm, k * BLOCK_K], a_tile)
                 T.copy(QW[k * (BLOCK_K // 8), bx * bn], codes)
-                g = (k * BLOCK_K) // group_size
+                # the step's group row of scales (and zeros) by TMA too: the consumers read only shared memory
+                T.copy(S[(k * BLOCK_K) // group_size, bx * bn], s_tile)
+                if has_zeros:
+                    T.copy(Z[(k * BLOCK_K) // group_size, bx * bn], z_tile)
                 for i, j in T.Parallel(BLOCK_K, bn):  # code k = 8 w + b: bits 4b .. 4b + 3 of word w
-                    col = bx * bn + j
                     code = T.cast((codes[i // 8, j] >> (4 * (i % 8))) & 15, f32)
-                    scale = T.if_then_else(col < N, T.cast(S[g, col], f32), T.float32(0))
-                    if has_zeros:
-                        zero = T.if_then_else(col < N, T.cast(Z[g, col], f32), T.float32(0))
-                        w_tile[i, j] = T.cast((code - zero) * scale, dtype)
-                    else:
-                        w_tile[i, j] = T.cast((code - 8.0) * scale, dtype)
+                    zero = T.cast(z_tile[0, j], f32) if has_zeros else T.float32(8)
+                    w_tile[i, j] = T.cast((code - zero) * T.cast(s_tile[0, j], f32), dtype)
                 T.gemm(a_tile, w_tile, acc, policy=T.GemmWarpPolicy.FullRow)
             T.copy(acc, out_tile)
             T.copy(out_tile, OUT[by * bm, bx * bn])

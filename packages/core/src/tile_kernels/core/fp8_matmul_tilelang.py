@@ -5,15 +5,17 @@ scale block a step through a T.Pipelined loop of `stages` shared buffers: TileLa
 TMA, the e4m3 product to wgmma (operands in shared memory, both K-major: b is a Linear weight's (N, K)) into a fresh
 fp32 tile, and the loop to a TMA producer warp group beside the consumer warp groups. The consumers scale each step's
 tile by a's per-row scale times b's per-tile scale and add it to the fp32 accumulator (DeepSeek-V3's promotion: the
-tensor cores' ~14-bit sums never span more than one block), the scales read by the consumers from global memory (the
-producer issues TMA only); the result is rounded once to out_dtype and leaves through shared memory (a TMA store).
+tensor cores' ~14-bit sums never span more than one block), the scales read by the consumers from global memory
+before they wait for the step's tiles (after the wgmma's wait, their latency would add to every step); the result
+is rounded once to out_dtype and leaves through shared memory (a TMA store).
 
 Sizes M, N, K are dynamic (no recompile per shape); rows past M read TMA's zero fill and a zero scale, and are not
 stored.
 
 Design limits: sm_90a only; a, b compact, a_scales compact row-major (M, K / 128) (the adapters copy other layouts);
-K and N multiples of 128 (fp8_matmul.check); BLOCK_N = 128, one b scale a tile; not persistent.
-backend=None keeps the Triton kernel until this one is timed on a GPU.
+K and N multiples of 128 (fp8_matmul.check); BLOCK_N = 128, one b scale a tile; a step's promotion waits for its
+wgmma (no second product tile in flight); not persistent. backend=None runs it on sm_90 from 128 rows
+(fp8_matmul.preferred_backend: the ratios to the Triton kernel and to torch._scaled_mm are there).
 """
 
 from .backends import tilelang_entry_points, tilelang_target
@@ -25,8 +27,9 @@ SWIZZLE = 8  # tile columns a panel
 BLOCK = 128  # K step and BLOCK_N: fp8_matmul's scale block
 
 # (BLOCK_M, stages, threads) by config name; "default" is what backend="tilelang" runs: 128 rows in two consumer
-# warp groups (64 x 128 fp32 of accumulator and 64 x 128 of the step's product each), 4 stages of 32 KiB
-CONFIGS = {"default": (128, 4, 256), "m64s6": (64, 6, 128), "m128s3": (128, 3, 256)}
+# warp groups (64 x 128 fp32 of accumulator and 64 x 128 of the step's product each), 3 stages of 32 KiB (the fastest
+# of benchmarks/sweep_fp8_matmul.py on an H200: 4 stages tie at 8192^3 and lose 8% at 4096 x 14336 x 4096)
+CONFIGS = {"default": (128, 3, 256), "m64s6": (64, 6, 128), "m128s4": (128, 4, 256)}
 DEFAULT_CONFIG = "default"
 
 
@@ -66,16 +69,20 @@ def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict
             out_tile = T.alloc_shared((bm, BLOCK), out_dtype)
             acc = T.alloc_fragment((bm, BLOCK), f32)
             step = T.alloc_fragment((bm, BLOCK), f32)
+            row_scale = T.alloc_fragment((bm,), f32)
             T.use_swizzle(SWIZZLE)
             T.clear(acc)
             for k in T.Pipelined(T.ceildiv(K, BLOCK), num_stages=stages):
                 T.copy(A[by * bm, k * BLOCK], a_tile)
                 T.copy(B[bx * BLOCK, k * BLOCK], b_tile)
+                # the step's scales (a's row scale x b's tile scale) loaded before the product: their latency hides
+                # behind the wgmma instead of following its wait
+                for i in T.Parallel(bm):
+                    row_scale[i] = T.if_then_else(by * bm + i < M, AS[by * bm + i, k], T.float32(0)) * BS[bx, k]
                 # a warp group per 64 rows: m64n128k32 wgmma (the default split of N would issue n64 ones)
                 T.gemm(a_tile, b_tile, step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
                 for i, j in T.Parallel(bm, BLOCK):  # as the Triton kernel: the product times (a scale x b scale)
-                    a_scale = T.if_then_else(by * bm + i < M, AS[by * bm + i, k], T.float32(0))
-                    acc[i, j] += step[i, j] * (a_scale * BS[bx, k])
+                    acc[i, j] += step[i, j] * row_scale[i]
             T.copy(acc, out_tile)
             T.copy(out_tile, OUT[by * bm, bx * BLOCK])
 

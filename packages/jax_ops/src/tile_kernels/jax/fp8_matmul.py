@@ -39,10 +39,12 @@ def fp8_matmul(
     """Block-scaled FP8 GEMM (DeepSeek-V3 layout): out[m, n] = sum_k a[m, k] a_scales[m, k // 128] b[n, k]
     b_scales[n // 128, k // 128]. a (M, K) and b (N, K) float8_e4m3fn, a_scales (M, K / 128) and b_scales
     (N / 128, K / 128) float32; K and N multiples of 128. Returns (M, N) in out_dtype (bfloat16 default, float16,
-    float32). backend: "triton", "tilelang" (Hopper) or None for the device's default (Triton). Not
-    differentiable."""
+    float32). backend: "triton", "tilelang" (Hopper) or None for the fastest measured for these inputs on the device
+    (core.preferred_backend: TileLang on Hopper from 128 rows). Not differentiable."""
     core.check(a, a_scales, b, b_scales, out_dtype)
-    backend = backends.resolve(core.NAME, backend, platform(core.NAME), needs=("jax_tvm_ffi",))
+    where = platform(core.NAME)
+    preferred = core.preferred_backend(cuda_arch(), a.shape[0]) if backend is None and where == "cuda" else None
+    backend = backends.resolve(core.NAME, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
     if backend != "triton":
         core.check_backend(backend, cuda_arch())
     return _call(core.out_dtype_name(out_dtype), backend)(a, a_scales, b, b_scales)[0]

@@ -55,11 +55,15 @@ def fp8_matmul(
     b_scales[n // 128, k // 128]. a (M, K) and b (N, K) float8_e4m3fn (b a Linear weight's layout), a_scales
     (M, K / 128) float32 (row- or column-major), b_scales (N / 128, K / 128) float32; K and N multiples of 128.
     Returns (M, N) in out_dtype (bfloat16 default, float16, float32). backend: "triton", "tilelang" (Hopper) or None
-    for the device's default (Triton). Not differentiable."""
+    for the fastest measured for these inputs on the device (core.preferred_backend: TileLang on Hopper from 128
+    rows). Not differentiable."""
     out_dtype = core.out_dtype_name(torch.bfloat16 if out_dtype is None else out_dtype)
     _, device = validated(core.NAME, core.check, ("a", "a_scales", "b", "b_scales", None), a, a_scales, b, b_scales,
                           out_dtype)  # fmt: skip
-    backend = resolve_backend(core.NAME, backend, device)
+    preferred = (
+        core.preferred_backend(cuda_arch(device), a.shape[0]) if backend is None and device.type == "cuda" else None
+    )
+    backend = resolve_backend(core.NAME, backend, device, preferred)
     if backend != "triton":
         core.check_backend(backend, cuda_arch(device))
     return fp8_matmul_fwd(a, a_scales, b, b_scales, out_dtype, backend)
