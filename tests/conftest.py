@@ -40,6 +40,7 @@ OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor")
 )
 # tests of TileLang kernels' lowering and builds (they run on the CPU, as nvcc builds: no GPU needed)
 needs_tilelang = pytest.mark.skipif(importlib.util.find_spec("tilelang") is None, reason="tilelang not installed")
+needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

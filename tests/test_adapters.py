@@ -11,12 +11,11 @@ from importlib import metadata
 
 import numpy as np
 import pytest
-from conftest import DEVICE
+from conftest import DEVICE, needs_torch
 from drivers import DRIVERS
 from subprocesses import run_python
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
-needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 
 
 # ---------------------------------------------------------------------------------------------------------------- JAX

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, needs_tilelang
+from conftest import DEVICE, needs_tilelang, needs_torch
 from drivers import DRIVERS
 from test_flash_attention import assert_torch_compile_matches_eager
 from test_ops import assert_close
@@ -95,6 +95,34 @@ def test_compiled_plans_match_the_triton_plans_buffers():
                 assert dict(bwd.inputs) == dict(ref.inputs) and bwd.outputs == ref.outputs
                 assert all(bwd.buffers[o] == ref.buffers[o] for o in bwd.outputs)
                 assert (len(fwd.launches) == 0) == (rows == 0) == (len(bwd.launches) == 0)
+
+
+@needs_torch
+def test_torch_runs_a_plan_of_calls_through_one_cached_executor():
+    """The torch adapters run a plan of TVM-FFI Calls through `_runtime.executor`: built (its functions loaded) once
+    per arguments, then each call passes the tensors and the attrs straight to the function."""
+    import torch
+
+    from tile_kernels.core import Plan
+    from tile_kernels.core.backends import Call
+    from tile_kernels.core.plan import BufferSpec
+    from tile_kernels.torch._runtime import executor
+
+    loads = []
+
+    def load():
+        loads.append(1)
+        return lambda x, out, scale: out.copy_(x * scale)
+
+    def build(n: int, scale: float) -> Plan:
+        call = Call("scale_copy", load, ("x",), ("out",), {"scale": scale})
+        return Plan({"x": "float32"}, {"out": BufferSpec((n,), "float32")}, (call,), ("out",))
+
+    for _ in range(3):
+        x = torch.randn(5)
+        (out,) = executor(build, 5, 2.5)(x, device=x.device)
+        torch.testing.assert_close(out, x * 2.5, rtol=0, atol=0)
+    assert len(loads) == 1
 
 
 # ------------------------------------------------------------------------------------ what the CPU can build

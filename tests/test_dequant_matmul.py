@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang
+from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang, needs_torch
 from drivers import DRIVERS
 
 from tile_kernels.core import dequant_matmul as dm
 from tile_kernels.core.registry import round_to
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
-needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 
 
 def test_packing_convention():

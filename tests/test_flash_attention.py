@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS
+from conftest import DEVICE, OPCHECK_UTILS, needs_torch
 from drivers import DRIVERS
 from test_ops import assert_close
 
@@ -14,7 +14,6 @@ from tile_kernels.core import flash_attention as fa
 from tile_kernels.core.registry import round_to
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
-needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 
 
 def _qkv(rng, batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, dtype="float32"):

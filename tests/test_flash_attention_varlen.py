@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS
+from conftest import DEVICE, OPCHECK_UTILS, needs_torch
 from drivers import DRIVERS
 from test_ops import assert_close
 
@@ -15,7 +15,6 @@ from tile_kernels.core import flash_attention_varlen as fv
 from tile_kernels.core.registry import round_to
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
-needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 
 
 def _packed(rng, lengths_q, lengths_k, heads_q, heads_k, head_dim, dtype="float32", **options):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE
+from conftest import DEVICE, needs_torch
 from drivers import DRIVERS
 
 from tile_kernels.core import fp8_quantize as q
@@ -14,7 +14,6 @@ from tile_kernels.core import rms_norm_fp8_quantize as rq
 from tile_kernels.core import swiglu_fp8_quantize as sq
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
-needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 DEV = "cuda" if DEVICE == "gpu" else "cpu"
 
 

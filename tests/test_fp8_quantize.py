@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS
+from conftest import DEVICE, OPCHECK_UTILS, needs_torch
 from drivers import DRIVERS
 from test_ops import assert_close
 
@@ -14,7 +14,6 @@ from tile_kernels.core import fp8_matmul as f8
 from tile_kernels.core import fp8_quantize as q
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
-needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 DEV = "cuda" if DEVICE == "gpu" else "cpu"
 
 

@@ -10,7 +10,7 @@ import types
 
 import numpy as np
 import pytest
-from conftest import DEVICE
+from conftest import DEVICE, needs_torch
 from drivers import DRIVERS
 from test_ops import assert_close
 
@@ -19,7 +19,6 @@ from tile_kernels.core import fused_linear_cross_entropy as core
 from tile_kernels.core.plan import Gemm, Launch
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
-needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernels in Triton's interpreter")
 
 

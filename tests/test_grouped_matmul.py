@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang
+from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang, needs_torch
 from drivers import DRIVERS
 from test_ops import assert_close
 
 from tile_kernels.core import grouped_matmul as gm
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
-needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 
 
 @pytest.mark.parametrize("sizes", [[0, 70, 0, 1, 129], [300, 0], [10, 20], [0, 0, 0]])
@@ -130,6 +129,7 @@ def test_tilelang_backend_plan_and_refusals():
     assert backends.resolve(gm.NAME, None, "cuda") == "triton"  # the platform default; per call: preferred_backend
     assert gm.preferred_backend(90, "bfloat16", gm.MIN_TILELANG_ROWS, 4096, 14336) == "tilelang"
     for args in [(90, "bfloat16", gm.MIN_TILELANG_ROWS - 1, 4096, 14336), (90, "float32", 16384, 4096, 14336),
+                 (90, "bfloat16", 16384, 14336, 4096),
                  (90, "bfloat16", 16384, 4100, 14336), (80, "bfloat16", 16384, 4096, 14336),
                  (0, "bfloat16", 16384, 4096, 14336)]:  # fmt: skip
         assert gm.preferred_backend(*args) == "triton", args

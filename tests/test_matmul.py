@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang
+from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang, needs_torch
 from drivers import DRIVERS
 from test_ops import assert_close
 
@@ -16,7 +16,6 @@ from tile_kernels.core import matmul as mm
 from tile_kernels.core.plan import Target
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
-needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 
 
 @needs_torch

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE
+from conftest import DEVICE, needs_torch
 from drivers import DRIVERS
 from test_ops import assert_close
 
@@ -15,7 +15,6 @@ from tile_kernels.core import mla_decode as mla
 from tile_kernels.core.registry import round_to
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
-needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 needs_interpreter = pytest.mark.skipif(DEVICE != "cpu", reason="runs the plans on NumPy arrays in the interpreter")
 
 

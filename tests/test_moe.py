@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS
+from conftest import DEVICE, OPCHECK_UTILS, needs_torch
 from drivers import DRIVERS
 
 from tile_kernels.core import moe
 from tile_kernels.core.plan import Target
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
-needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 DEV = "cuda" if DEVICE == "gpu" else "cpu"
 T, D, F, E, K = 37, 48, 32, 6, 2  # tokens, model dim, expert hidden dim, experts, top-k
 

@@ -194,10 +194,11 @@ MIN_TILELANG_ROWS = 4096  # preferred_backend: fewer tokens run Triton's 64-row 
 
 def preferred_backend(arch: int, dtype: str, t: int, k: int, n: int) -> str:
     """backend=None's choice on compute capability `arch` (0: not a CUDA device): "tilelang" (its forward; Triton's
-    backward) on sm_90 for the inputs it runs with T >= MIN_TILELANG_ROWS (H200, 2026-12-04, bf16, E8 T16384 K4096
-    N14336, device time: forward 1.08x Triton's default tiles, 0.73x torch._grouped_mm; benchmarks/results/h200/
-    notes.md), else "triton"."""
-    tilelang = arch in grouped_matmul_tilelang.ARCHS and t >= MIN_TILELANG_ROWS
+    backward) on sm_90 for the inputs it runs with T >= MIN_TILELANG_ROWS and N > K, else "triton". H200, 2026-12-04,
+    bf16, E8 T16384, forward device time against Triton's tiles: up projection (K 4096, N 14336) 521 TFLOP/s against
+    482-494, down projection (K 14336, N 4096) 543 against 563-570; torch._grouped_mm 709 / 722
+    (benchmarks/results/h200/notes.md)."""
+    tilelang = arch in grouped_matmul_tilelang.ARCHS and t >= MIN_TILELANG_ROWS and n > k
     return "tilelang" if tilelang and not grouped_matmul_tilelang.unsupported(dtype, k, n, arch) else "triton"
 
 

@@ -11,8 +11,8 @@ written row-guarded by the consumers (a TMA store would overwrite the next group
 
 Design limits: sm_90a only; float16 / bfloat16; compact operands; N and K multiples of 8 (TMA's 16-byte strides); a
 group of fewer than BLOCK_M rows still costs a whole tile; not persistent. The weight gradient stays on the Triton
-kernel. backend=None runs this forward on sm_90 from 4096 tokens (grouped_matmul.preferred_backend: the ratios are
-there).
+kernel. backend=None runs this forward on sm_90 from 4096 tokens where N > K (grouped_matmul.preferred_backend: the
+ratios are there).
 """
 
 from .backends import tilelang_entry_points, tilelang_target

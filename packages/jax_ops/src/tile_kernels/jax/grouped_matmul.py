@@ -50,7 +50,7 @@ def grouped_matmul(x: jax.Array, weights: jax.Array, group_sizes: jax.Array, bac
     out[rows of e] = x[rows of e] @ weights[e], weights (E, K, N) in x's dtype. Returns (T, N); rows past the sizes'
     sum are 0 (as jax.lax.ragged_dot). Differentiable in x and weights. backend: "triton", "tilelang" (Hopper
     forward, float16 / bfloat16; Triton backward) or None for the fastest measured for these inputs on the device
-    (core.preferred_backend: TileLang on Hopper from 4096 tokens)."""
+    (core.preferred_backend: TileLang on Hopper from 4096 tokens where N > K)."""
     core.check(x, weights, group_sizes)
     where, preferred = platform(core.NAME), None
     if backend is None and where == "cuda":

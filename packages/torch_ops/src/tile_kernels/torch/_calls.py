@@ -1,7 +1,5 @@
-"""Executes core Plans of TVM-FFI Calls (the TileLang and CUDA C++ backends, tile_kernels.core.backends) on torch
-tensors: buffers from torch's allocator (NaN-poisoned under TILE_KERNELS_POISON=1), each compiled function given the
-tensors directly (DLPack, no copies) and run on torch's current stream. torch.compile cannot trace these calls: the
-ops that make them are custom ops with fake implementations."""
+"""What the torch adapters ask about a call's device: its platform and compute capability, the backend that runs it
+(tile_kernels.core.backends.resolve, cached); and run_calls, one run of a plan of TVM-FFI Calls."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ import torch
 
 from tile_kernels.core import Plan, backends
 
-from ._runtime import _LaunchStep, allocate
+from ._runtime import Executor
 
 
 def platform(device: torch.device) -> str:
@@ -28,17 +26,9 @@ def cuda_arch(device: torch.device) -> int:
 
 
 def run_calls(plan: Plan, *inputs: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Runs plan's Calls with `inputs` (compact tensors) bound to plan.inputs; returns plan.outputs. A Triton Launch
-    among the Calls (mla_decode's combine) runs as the Triton executor runs it."""
-    bufs = dict(zip(plan.inputs, inputs, strict=True))
-    bufs |= {name: allocate(s.shape, getattr(torch, s.dtype), s.zeroed, device) for name, s in plan.buffers.items()}
-    for step in plan.launches:
-        if isinstance(step, backends.Call):
-            step.load()(*(bufs[name] for name in step.reads + step.writes), *step.attrs.values())
-        else:
-            names = list(bufs)
-            _LaunchStep(step, {n: i for i, n in enumerate(names)}).run([bufs[n] for n in names], device)
-    return tuple(bufs[name] for name in plan.outputs)
+    """Runs a plan of Calls once (the sweeps' configurations); the ops run theirs through `_runtime.executor`, which
+    caches a plan's Executor per arguments."""
+    return Executor(plan)(*inputs, device=device)
 
 
 @functools.lru_cache(maxsize=256)

@@ -20,6 +20,7 @@ from torch.library import custom_op, triton_op, wrap_triton
 from triton import knobs
 
 from tile_kernels.core import Plan, Target
+from tile_kernels.core.backends import Call
 from tile_kernels.core.host import interpreter_hint, interpreting, poisoning
 from tile_kernels.core.plan import Gemm, Rows, is_ref
 
@@ -210,7 +211,8 @@ class Executor:
         self.plan = plan
         slots = {name: i for i, name in enumerate((*plan.inputs, *plan.buffers))}
         self.buffers = [(n, s.shape, getattr(torch, s.dtype), s.zeroed) for n, s in plan.buffers.items()]
-        self.steps = [_GemmStep(s, slots) if isinstance(s, Gemm) else _LaunchStep(s, slots) for s in plan.launches]
+        kinds = {Gemm: _GemmStep, Call: _CallStep}
+        self.steps = [kinds.get(type(s), _LaunchStep)(s, slots) for s in plan.launches]
         self.outputs = [slots[name] for name in plan.outputs]
 
     def __call__(self, *inputs: torch.Tensor, device: torch.device, shapes=None) -> tuple[torch.Tensor, ...]:
@@ -312,6 +314,21 @@ class _LaunchStep:
 
     def trace(self, tensors):
         wrap_triton(self.launch.kernel)[self.grid](*self._arguments(tensors), **self.options)
+
+
+class _CallStep:
+    """One TVM-FFI call of a compiled TileLang or CUDA C++ function (tile_kernels.core.backends.Call): the tensors
+    passed directly (DLPack, no copies), run on torch's current stream; the function loaded (built on first use) when
+    the Executor is. torch.compile cannot trace these calls: the ops that make them are custom ops with fake
+    implementations."""
+
+    def __init__(self, call: Call, slots):
+        self.function = call.load()
+        self.args = [slots[name] for name in call.reads + call.writes]
+        self.attrs = tuple(call.attrs.values())
+
+    def run(self, tensors, device=None):
+        self.function(*(tensors[i] for i in self.args), *self.attrs)
 
 
 class _GemmStep:

@@ -9,7 +9,7 @@ import torch
 from tile_kernels.core import dequant_matmul as core
 from tile_kernels.core import dtype_name
 
-from ._calls import cuda_arch, resolve_backend, run_calls
+from ._calls import cuda_arch, resolve_backend
 from ._runtime import compiled_op, eager_op, executor, register_public_op, target, unit_last, validated
 
 
@@ -25,10 +25,10 @@ def dequant_matmul_fwd_compiled(
     """dequant_matmul through the TileLang kernel (compact operands: other layouts are copied)."""
     inputs = [t.contiguous() for t in (a, qweight, scales, zeros) if t is not None]
     (m, k), n = a.shape, qweight.shape[1]
-    plan = core.compiled_forward(backend, m, n, k, dtype=dtype_name(a.dtype), group_size=group_size,
-                                 has_zeros=zeros is not None, arch=cuda_arch(a.device),
-                                 target=target(a.device))  # fmt: skip
-    return run_calls(plan, *inputs, device=a.device)[0]
+    run = executor(core.compiled_forward, backend, m, n, k, dtype=dtype_name(a.dtype), group_size=group_size,
+                   has_zeros=zeros is not None, arch=cuda_arch(a.device),
+                   target=target(a.device))  # fmt: skip
+    return run(*inputs, device=a.device)[0]
 
 
 @dequant_matmul_fwd_compiled.register_fake

@@ -13,7 +13,7 @@ import torch
 from tile_kernels.core import dtype_name
 from tile_kernels.core import flash_attention as core
 
-from ._calls import cuda_arch, resolve_backend, run_calls
+from ._calls import cuda_arch, resolve_backend
 from ._runtime import compiled_op, eager_op, executor, register_public_op, target, validated
 
 
@@ -40,12 +40,13 @@ def flash_attention_fwd_compiled(
     """flash_attention_fwd through the TileLang kernel (compact inputs: a strided q, k or v is copied)."""
     q, k, v = (t.contiguous() for t in (q, k, v))
     batch, seqlen_q, heads_q, head_dim = q.shape
-    plan = core.compiled_forward(
+    run = executor(
+        core.compiled_forward,
         backend, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, dtype=dtype_name(q.dtype),
         causal=causal, window=(window_left, window_right), scale=softmax_scale, softcap=softcap,
         arch=cuda_arch(q.device),
     )  # fmt: skip
-    out, lse = run_calls(plan, q, k, v, device=q.device)
+    out, lse = run(q, k, v, device=q.device)
     return out, lse
 
 
@@ -86,12 +87,13 @@ def flash_attention_bwd_compiled(
     """flash_attention_bwd through the TileLang kernels (compact inputs: strided ones are copied)."""
     q, k, v, out, dout, lse = (t.contiguous() for t in (q, k, v, out, dout, lse))
     batch, seqlen_q, heads_q, head_dim = q.shape
-    plan = core.compiled_backward(
+    run = executor(
+        core.compiled_backward,
         backend, batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, dtype=dtype_name(q.dtype),
         causal=causal, window=(window_left, window_right), scale=softmax_scale, softcap=softcap,
         arch=cuda_arch(q.device),
     )  # fmt: skip
-    dq, dk, dv = run_calls(plan, q, k, v, out, dout, lse, device=q.device)
+    dq, dk, dv = run(q, k, v, out, dout, lse, device=q.device)
     return dq, dk, dv
 
 

@@ -8,7 +8,7 @@ import torch
 
 from tile_kernels.core import fp8_matmul as core
 
-from ._calls import cuda_arch, resolve_backend, run_calls
+from ._calls import cuda_arch, resolve_backend
 from ._runtime import compiled_op, eager_op, executor, register_public_op, target, unit_last, validated
 
 
@@ -19,9 +19,9 @@ def fp8_matmul_fwd_compiled(
     """fp8_matmul through the TileLang kernel (compact operands, a_scales row-major: other layouts are copied)."""
     a, a_scales, b, b_scales = (t.contiguous() for t in (a, a_scales, b, b_scales))
     (m, k), n = a.shape, b.shape[0]
-    plan = core.compiled_forward(backend, m, n, k, out_dtype=out_dtype, arch=cuda_arch(a.device),
-                                 target=target(a.device))  # fmt: skip
-    return run_calls(plan, a, a_scales, b, b_scales, device=a.device)[0]
+    run = executor(core.compiled_forward, backend, m, n, k, out_dtype=out_dtype, arch=cuda_arch(a.device),
+                   target=target(a.device))  # fmt: skip
+    return run(a, a_scales, b, b_scales, device=a.device)[0]
 
 
 @fp8_matmul_fwd_compiled.register_fake

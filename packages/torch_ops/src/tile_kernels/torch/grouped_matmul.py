@@ -9,7 +9,7 @@ import torch
 from tile_kernels.core import dtype_name
 from tile_kernels.core import grouped_matmul as core
 
-from ._calls import cuda_arch, resolve_backend, run_calls
+from ._calls import cuda_arch, resolve_backend
 from ._runtime import compiled_op, eager_op, executor, register_public_op, target, validated
 
 
@@ -25,9 +25,9 @@ def grouped_matmul_fwd_compiled(
     """The forward through the TileLang kernel (compact operands: other layouts are copied)."""
     x, weights, group_sizes = x.contiguous(), weights.contiguous(), group_sizes.contiguous()
     (t, k), (e, _, n) = x.shape, weights.shape
-    plan = core.compiled_forward(backend, t, k, n, e, dtype=dtype_name(x.dtype), arch=cuda_arch(x.device),
-                                 target=target(x.device))  # fmt: skip
-    return run_calls(plan, x, weights, group_sizes, device=x.device)[0]
+    run = executor(core.compiled_forward, backend, t, k, n, e, dtype=dtype_name(x.dtype), arch=cuda_arch(x.device),
+                   target=target(x.device))  # fmt: skip
+    return run(x, weights, group_sizes, device=x.device)[0]
 
 
 @grouped_matmul_fwd_compiled.register_fake
@@ -70,7 +70,7 @@ def grouped_matmul(
     out[rows of e] = x[rows of e] @ weights[e], weights (E, K, N) in x's dtype. Returns (T, N); rows past the sizes'
     sum are 0 (the sum is not checked: a host sync). Differentiable in x and weights. backend: "triton", "tilelang"
     (Hopper forward, float16 / bfloat16; Triton backward) or None for the fastest measured for these inputs on the
-    device (core.preferred_backend: TileLang on Hopper from 4096 tokens)."""
+    device (core.preferred_backend: TileLang on Hopper from 4096 tokens where N > K)."""
     _, device = validated(core.NAME, core.check, ("x", "weights", "group_sizes"), x, weights, group_sizes)
     preferred = None
     if backend is None and device.type == "cuda":

@@ -9,7 +9,7 @@ import torch
 from tile_kernels.core import dtype_name
 from tile_kernels.core import matmul as core
 
-from ._calls import cuda_arch, resolve_backend, run_calls
+from ._calls import cuda_arch, resolve_backend
 from ._runtime import compiled_op, eager_op, executor, register_public_op, target, unit_last, validated
 
 
@@ -34,11 +34,11 @@ def matmul_fwd_compiled(
     b_col = b.shape[1] > 1 and b.stride(0) == 1 and b.t().is_contiguous()
     a, b = a.contiguous(), b.t() if b_col else b.contiguous()
     (m, k), n = a.shape, b.shape[0] if b_col else b.shape[1]
-    plan = core.compiled_forward(backend, m, n, k, dtype=dtype_name(a.dtype), b_col=b_col, arch=cuda_arch(a.device),
-                                 target=target(a.device), activation=activation, has_bias=bias is not None,
-                                 has_residual=residual is not None)  # fmt: skip
+    run = executor(core.compiled_forward, backend, m, n, k, dtype=dtype_name(a.dtype), b_col=b_col,
+                   arch=cuda_arch(a.device), target=target(a.device), activation=activation,
+                   has_bias=bias is not None, has_residual=residual is not None)  # fmt: skip
     epilogue = [t.contiguous() for t in (bias, residual) if t is not None]
-    return run_calls(plan, a, b, *epilogue, device=a.device)[0]
+    return run(a, b, *epilogue, device=a.device)[0]
 
 
 @matmul_fwd_compiled.register_fake

@@ -9,7 +9,7 @@ import torch
 from tile_kernels.core import dtype_name
 from tile_kernels.core import mla_decode as core
 
-from ._calls import cuda_arch, resolve_backend, run_calls
+from ._calls import cuda_arch, resolve_backend
 from ._runtime import compiled_op, eager_op, executor, register_public_op, target, unit_last, validated
 
 
@@ -27,11 +27,12 @@ def mla_decode_fwd_compiled(
         page_size = kv_c.shape[1]
         inputs.append(block_table.contiguous())
     capacity = kv_c.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-    plan = core.compiled_forward(
+    run = executor(
+        core.compiled_forward,
         backend, batch, heads, latent_dim, q_pe.shape[2], capacity, dtype=dtype_name(q_nope.dtype),
         scale=softmax_scale, arch=cuda_arch(q_nope.device), target=target(q_nope.device), page_size=page_size,
     )  # fmt: skip
-    out, lse = run_calls(plan, *inputs, device=q_nope.device)
+    out, lse = run(*inputs, device=q_nope.device)
     return out, lse
 
 

@@ -16,7 +16,7 @@ from tile_kernels.core import dtype_name, norms
 from tile_kernels.core import layer_norm as layer_core
 from tile_kernels.core import rms_norm as rms_core
 
-from ._calls import cuda_arch, resolve_backend, run_calls
+from ._calls import cuda_arch, resolve_backend
 from ._runtime import as_rows, compiled_op, eager_op, executor, register_public_op, target, validated
 
 NO_TENSOR = (0,)  # shape of the placeholder returned for an absent output (h without residual, dbias without bias)
@@ -71,11 +71,12 @@ def rms_norm_fwd_compiled(
     """rms_norm_fwd through the TileLang or CUDA C++ kernels."""
     n = x.shape[-1]
     x3, r3 = _compact(x, n), _compact(residual, n)
-    plan = rms_core.compiled_forward(
+    run = executor(
+        rms_core.compiled_forward,
         backend, 1, x3.shape[1], n, x_dtype=dtype_name(x.dtype), weight_dtype=dtype_name(weight.dtype),
         has_residual=residual is not None, eps=eps, arch=cuda_arch(x.device),
     )  # fmt: skip
-    outs = run_calls(plan, *(t for t in (x3, weight.reshape(1, n).contiguous(), r3) if t is not None), device=x.device)
+    outs = run(*(t for t in (x3, weight.reshape(1, n).contiguous(), r3) if t is not None), device=x.device)
     h = outs[1].view(x.shape) if residual is not None else x.new_empty(NO_TENSOR)
     return outs[0].view(x.shape), h, outs[-1].view(x.shape[:-1])
 
@@ -93,12 +94,13 @@ def rms_norm_bwd_compiled(
     """rms_norm_bwd through the TileLang or CUDA C++ kernels."""
     n = h.shape[-1]
     h3 = _compact(h, n)
-    plan = rms_core.compiled_backward(
+    run = executor(
+        rms_core.compiled_backward,
         backend, 1, h3.shape[1], n, x_dtype=dtype_name(h.dtype), weight_dtype=dtype_name(weight.dtype),
         has_dh=dh is not None, target=target(h.device), arch=cuda_arch(h.device),
     )  # fmt: skip
     inputs = (_compact(dy, n), h3, weight.reshape(1, n).contiguous(), rstd.reshape(1, h3.shape[1]).contiguous())
-    dx, dweight = run_calls(plan, *inputs, *(() if dh is None else (_compact(dh, n),)), device=h.device)
+    dx, dweight = run(*inputs, *(() if dh is None else (_compact(dh, n),)), device=h.device)
     return dx.view(h.shape), dweight.view(n)
 
 
