@@ -35,7 +35,7 @@ from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, ne
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
 NAME = "grouped_matmul"
-# backend="tilelang": grouped_matmul_tilelang's forward; backend=None: Triton (TileLang's is not yet timed)
+# backend="tilelang": grouped_matmul_tilelang's forward; backend=None: preferred_backend
 backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.grouped_matmul_tilelang"})
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -45,13 +45,21 @@ def grouped_rows_kernel(
     A, B, SIZES, E, T, N, R, lda, ldb, stride_be, ldo,
     OUT,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, B_COL: tl.constexpr, IEEE: tl.constexpr,
-    UNIT: tl.constexpr,
+    PANEL: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """OUT[t, n] = sum_r A[t, r] b_e[r, n] for the rows t of group e; A (T, R) at row stride lda; b_e[r, n] at
-    B + e stride_be + r ldb + n (B + e stride_be + n ldb + r if B_COL); OUT (T, N) at row stride ldo."""
+    B + e stride_be + r ldb + n (B + e stride_be + n ldb + r if B_COL); OUT (T, N) at row stride ldo. Grid (row
+    tiles, column tiles); PANEL > 0: programs in launch order visit panels of PANEL row tiles across every column tile
+    (a wave reads its a tiles from L2), else row tiles first."""
     N, R, lda, ldb, ldo = N * UNIT, R * UNIT, lda * UNIT, ldb * UNIT, ldo * UNIT  # plan.in_units
     stride_be = stride_be * UNIT
-    pid = tl.program_id(0)
+    pid, pid_n = tl.program_id(0), tl.program_id(1)
+    if PANEL:
+        tiles_m, tiles_n = tl.num_programs(0), tl.num_programs(1)
+        order = pid + pid_n * tiles_m  # the hardware's launch order
+        first = order // (PANEL * tiles_n) * PANEL
+        width = tl.minimum(tiles_m - first, PANEL)  # the last panel's may be narrower
+        pid, pid_n = first + order % (PANEL * tiles_n) % width, order % (PANEL * tiles_n) // width
     group, row0, end = pid * 0 - 1, pid * 0, pid * 0
     start, tiles_before = pid * 0, pid * 0
     for e in range(E):  # this program's group: the one whose row tiles hold tile `pid`
@@ -64,7 +72,7 @@ def grouped_rows_kernel(
         start += size
         tiles_before += tiles
     end = tl.minimum(end, T)
-    col0 = tl.program_id(1) * BLOCK_N
+    col0 = pid_n * BLOCK_N
     rm, cn, rr = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_R)
     row_ok, col_ok = rm < end - row0, cn < N - col0
     # int32 offsets within the tile from 64-bit tile bases: int64 offset tiles cost registers
@@ -143,6 +151,7 @@ class Blocks:
     block_r: int  # the reduced dim's step
     warps: int
     stages: int
+    panel: int = 0  # grouped_rows_kernel's PANEL (0: launch order)
 
 
 def blocks(rows: int, n: int, r: int, dtype: str, target: Target) -> Blocks:
@@ -162,7 +171,7 @@ def blocks(rows: int, n: int, r: int, dtype: str, target: Target) -> Blocks:
     def fit(block: int, dim: int) -> int:
         return min(block, max(16, next_power_of_2(dim)))
 
-    return Blocks(fit(b.block_m, rows), fit(b.block_n, n), fit(b.block_r, r), b.warps, b.stages)
+    return Blocks(fit(b.block_m, rows), fit(b.block_n, n), fit(b.block_r, r), b.warps, b.stages, b.panel)
 
 
 def _rows_launch(a: str, b: str, out: str, t: int, e: int, n: int, r: int, b_col: bool, stride_be: int, dtype: str,
@@ -172,7 +181,8 @@ def _rows_launch(a: str, b: str, out: str, t: int, e: int, n: int, r: int, b_col
     ieee = ieee_dots(dtype)
     grid = (cdiv(t, bl.block_m) + e, cdiv(n, bl.block_n))
     reads = (a, b, "group_sizes", e, t, n, r, r, r if b_col else n, stride_be, n)
-    constexprs = dict(BLOCK_M=bl.block_m, BLOCK_N=bl.block_n, BLOCK_R=bl.block_r, B_COL=b_col, IEEE=ieee)
+    constexprs = dict(BLOCK_M=bl.block_m, BLOCK_N=bl.block_n, BLOCK_R=bl.block_r, B_COL=b_col, IEEE=ieee,
+                      PANEL=bl.panel)  # fmt: skip
     launch = Launch(grouped_rows_kernel, grid, reads, (out,), constexprs, bl.warps, bl.stages)
     # N and stride_be too: the column mask and each expert's base known multiples of 16 (else b loads element-wise)
     return in_units(launch, "N", "R", "lda", "ldb", "stride_be", "ldo", units=(16, 8))

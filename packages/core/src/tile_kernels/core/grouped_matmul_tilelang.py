@@ -21,9 +21,15 @@ DTYPES = ("float16", "bfloat16")
 ARCHS = (90,)  # compute capabilities the kernel is written for
 AOT_TARGETS = ("cuda:90",)  # the AOT matrix's TileLang targets (aot.TILELANG_TARGETS) that build it
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, stages, threads) by config name; "default" is what backend="tilelang" runs: matmul's
-# 128 x 256 x 64 tile in two consumer warp groups, 3 stages
-CONFIGS = {"default": (128, 256, 64, 3, 256), "m128n128s4": (128, 128, 64, 4, 256)}
+# (BLOCK_M, BLOCK_N, BLOCK_K, stages, threads, panel) by config name; "default" is what backend="tilelang" runs:
+# matmul's 128 x 256 x 64 tile in two consumer warp groups, 3 stages, launch order. panel > 0: the programs visit
+# panels of `panel` row tiles across every column tile (T.use_swizzle, column order), so that a wave reads each a tile
+# from L2 instead of once per column tile (E8 T16384 K4096 N14336 in launch order: a is read 56 times, 7.5 GB)
+CONFIGS = {
+    "default": (128, 256, 64, 3, 256, 0),
+    "m128n128s4": (128, 128, 64, 4, 256, 0),
+    "panel8": (128, 256, 64, 3, 256, 8),
+}
 DEFAULT_CONFIG = "default"
 
 
@@ -62,7 +68,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     import tilelang.language as T
 
     b_col, config = _parse(kernel)
-    bm, bn, bk, stages, threads = CONFIGS[config]
+    bm, bn, bk, stages, threads, panel = CONFIGS[config]
     TOK, R, N, E = T.dynamic("TOK R N E")  # noqa: N806 - sizes
     b_shape = (E, N, R) if b_col else (E, R, N)
 
@@ -79,6 +85,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
             b_tile = T.alloc_shared((bn, bk) if b_col else (bk, bn), dtype)
             out_tile = T.alloc_shared((bm, bn), dtype)
             acc = T.alloc_fragment((bm, bn), "float32")
+            T.use_swizzle(panel, order="column", enable=panel > 0)
             group = T.alloc_var("int32", init=-1)
             row0 = T.alloc_var("int32", init=0)
             end = T.alloc_var("int32", init=0)
