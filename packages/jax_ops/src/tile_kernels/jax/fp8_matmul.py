@@ -42,8 +42,9 @@ def fp8_matmul(
     float32). backend: "triton", "tilelang" (Hopper) or None for the fastest measured for these inputs on the device
     (core.preferred_backend: TileLang on Hopper from 128 rows). Not differentiable."""
     core.check(a, a_scales, b, b_scales, out_dtype)
-    where = platform(core.NAME)
-    preferred = core.preferred_backend(cuda_arch(), a.shape[0]) if backend is None and where == "cuda" else None
+    where, preferred = platform(core.NAME), None
+    if backend is None and where == "cuda":
+        preferred = core.preferred_backend(cuda_arch(), a.shape[0])
     backend = backends.resolve(core.NAME, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
     if backend != "triton":
         core.check_backend(backend, cuda_arch())

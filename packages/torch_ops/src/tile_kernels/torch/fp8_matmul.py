@@ -60,9 +60,9 @@ def fp8_matmul(
     out_dtype = core.out_dtype_name(torch.bfloat16 if out_dtype is None else out_dtype)
     _, device = validated(core.NAME, core.check, ("a", "a_scales", "b", "b_scales", None), a, a_scales, b, b_scales,
                           out_dtype)  # fmt: skip
-    preferred = (
-        core.preferred_backend(cuda_arch(device), a.shape[0]) if backend is None and device.type == "cuda" else None
-    )
+    preferred = None
+    if backend is None and device.type == "cuda":
+        preferred = core.preferred_backend(cuda_arch(device), a.shape[0])
     backend = resolve_backend(core.NAME, backend, device, preferred)
     if backend != "triton":
         core.check_backend(backend, cuda_arch(device))
