@@ -8,7 +8,7 @@ lowers the tile copies to TMA, the products to wgmma with operands in shared mem
 warp group beside the consumer warp groups (warp specialization, mbarriers, setmaxnreg), on its own for sm_90a. The
 fp32 accumulator goes through the epilogue (bias from a shared copy of the tile's columns, the activation, the
 residual tile copied into the output's shared buffer), is rounded once to the output dtype and leaves through shared
-memory (a TMA store). The epilogue has not been timed on a GPU: backend=None runs epilogues on the Triton kernel.
+memory (a TMA store).
 
 Sizes M, N, K are dynamic (no recompile per shape); tiles past M, N or K read TMA's zero fill and are not stored.
 
@@ -31,7 +31,8 @@ SWIZZLE = 8  # tile columns a panel
 # (BLOCK_M, BLOCK_N, BLOCK_K, stages, threads, persistent) by config name; "default" is what backend="tilelang" runs:
 # 128 x 256 tiles in two consumer warp groups (a 64 x 256 fp32 accumulator each, 128 registers a thread), 3 stages of
 # 48 KiB, one program a tile. A persistent config runs PERSISTENT_PROGRAMS programs that walk the tiles (T.Persistent,
-# grouped by 8 tile rows) instead: candidates for benchmarks/sweep_matmul.py, not yet timed.
+# grouped by 8 tile rows) instead: candidates for benchmarks/sweep_matmul.py, 0.86-0.92x cuBLAS on an H200 (slower
+# than one program a tile; with an epilogue 0.37x: benchmarks/results/h200/notes.md).
 CONFIGS = {
     "default": (128, 256, 64, 3, 256, False),
     "m128n128s4": (128, 128, 64, 4, 256, False),
