@@ -66,6 +66,27 @@ def test_peers_compute_the_same_op(framework, op):
         np.testing.assert_allclose(out, ref, rtol=2e-5, atol=1e-6, err_msg=f"{framework} peer of {op}")
 
 
+@pytest.mark.parametrize("page_size", [None, 8])
+def test_torch_sdpa_decode_peer_computes_decode_attention(page_size):
+    """The bench's SDPA row of decode_attention (padded cache, length mask, GQA; a paged cache gathered first)."""
+    pytest.importorskip("torch")
+    import torch
+
+    from tile_kernels.torch.bench import _sdpa_decode
+
+    rng = np.random.default_rng(1)
+    b, s, hq, hk, d = 3, 40, 8, 2, 16
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in [(b, hq, d)] + [(b, s, hk, d)] * 2)
+    kwargs = {"q": q, "k_cache": k, "v_cache": v, "cache_seqlens": np.array([40, 7, 23], np.int32)}
+    if page_size:
+        pages = b * s // page_size
+        kwargs |= {name: kwargs[name].reshape(pages, page_size, hk, d) for name in ("k_cache", "v_cache")}
+        kwargs["block_table"] = rng.permutation(pages).astype(np.int32).reshape(b, -1)
+    ref = REGISTRY["decode_attention"].reference(**kwargs)[0]
+    out = _sdpa_decode(**{k: torch.from_numpy(v) for k, v in kwargs.items()})
+    np.testing.assert_allclose(out.double().numpy(), ref, rtol=2e-5, atol=1e-6)
+
+
 def test_outputs_round_trip(tmp_path):
     case = next(bench.cases(["rms_norm"], widths=(512,), dtypes=("bfloat16",), elements=1 << 12))
     case.cost = (Cost(bytes=4_000_000, flops=0), Cost(bytes=8_000_000, flops=0))

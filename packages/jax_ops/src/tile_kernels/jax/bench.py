@@ -250,6 +250,7 @@ def _pallas(op: str):
     """Pallas' GPU op for `op` with our argument names (3-D inputs, a bias argument), or None."""
     try:
         from jax.experimental.pallas.ops.gpu import attention as pl_attention
+        from jax.experimental.pallas.ops.gpu import decode_attention as pl_decode
         from jax.experimental.pallas.ops.gpu import layer_norm as pl_layer
         from jax.experimental.pallas.ops.gpu import rms_norm as pl_rms
         from jax.experimental.pallas.ops.gpu import softmax as pl_softmax
@@ -268,8 +269,15 @@ def _pallas(op: str):
         scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
         return pl_attention.mha(q, k, v, None, sm_scale=scale, causal=causal)
 
+    def decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
+        # Pallas' paged_attention takes (Hk, pages, page, D) caches: a transpose in the timing would be unfair
+        if block_table is not None or q.ndim != 3:
+            raise NotImplementedError("Pallas' gqa: contiguous caches, one query token a sequence")
+        return pl_decode.gqa(q, k_cache, v_cache, kv_seq_len=cache_seqlens, sm_scale=softmax_scale)
+
     return {
         "flash_attention": attention,
+        "decode_attention": decode,
         "rms_norm": lambda x, weight, eps=1e-6, residual=None: norm(pl_rms.rms_norm, x, weight, None, eps, residual),
         "layer_norm": lambda x, weight, bias=None, eps=1e-5, residual=None: norm(pl_layer.layer_norm, x, weight, bias,
                                                                                  eps, residual),

@@ -279,6 +279,19 @@ def _sdpa(backend: str):
     return attention
 
 
+def _sdpa_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
+    """decode_attention through F.scaled_dot_product_attention over the padded cache (a paged cache gathered first,
+    as a caller without a paged kernel runs it): one query token a sequence, a length mask, GQA by enable_gqa."""
+    if q.dim() != 3:
+        raise NotImplementedError("SDPA over the padded cache: one query token a sequence")
+    if block_table is not None:  # (B, max_pages * page_size, Hk, D)
+        k_cache, v_cache = (c[block_table.long()].flatten(1, 2) for c in (k_cache, v_cache))
+    seen = torch.arange(k_cache.shape[1], device=q.device) < cache_seqlens[:, None]
+    k, v = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    out = F.scaled_dot_product_attention(q[:, :, None], k, v, seen[:, None, None], scale=softmax_scale, enable_gqa=True)
+    return out[:, :, 0]
+
+
 def _dequantized_once(a, qweight, scales, group_size=128, zeros=None):
     """a @ W with W dequantized at the first call of these weights (cached by qweight's pointer): cuBLAS alone."""
     key = (qweight.data_ptr(), scales.data_ptr(), group_size)
@@ -470,6 +483,8 @@ class Provider:
         if op == "fp8_matmul":
             impls |= {"torch._scaled_mm (block scales)": _scaled_mm(True),
                       "torch._scaled_mm (per-tensor scales)": _scaled_mm(False)}  # fmt: skip
+        if op == "decode_attention":
+            impls["sdpa (padded cache)"] = _sdpa_decode
         if op == "dequant_matmul":  # the anchor: cuBLAS on the weight dequantized once, in a's dtype
             impls["torch.mm (dequantized weight)"] = _dequantized_once
         if op == "flash_attention_varlen":  # the benchmark's sequences have one length: the same work as a batch
