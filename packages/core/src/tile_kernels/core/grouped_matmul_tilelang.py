@@ -17,8 +17,10 @@ ratios are there).
 
 from .backends import tilelang_entry_points, tilelang_target
 
-DTYPES = ("float16", "bfloat16")
-ARCHS = (90,)  # compute capabilities the kernel is written for
+# the dense kernel's limits (float16 / bfloat16 wgmma on sm_90, TMA rows of whole 16 bytes): `unsupported(dtype, k, n,
+# arch)` with k, n the reduced and the output width of the product (K, N forward; N, K for dx)
+from .matmul_tilelang import ARCHS, DTYPES, unsupported  # noqa: F401 - ARCHS: this module's too (preferred_backend)
+
 AOT_TARGETS = ("cuda:90",)  # the AOT matrix's TileLang targets (aot.TILELANG_TARGETS) that build it
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, stages, threads, panel) by config name; "default" is what backend="tilelang" runs:
@@ -31,18 +33,6 @@ CONFIGS = {
     "panel8": (128, 256, 64, 3, 256, 8),
 }
 DEFAULT_CONFIG = "default"
-
-
-def unsupported(dtype: str, k: int, n: int, arch: int | None = None) -> str | None:
-    """Why the TileLang kernel cannot run these inputs (a clause naming the feature), or None. k, n: the reduced and
-    the output width of the product (K, N forward; N, K for dx). arch None: not checked (known only on the device)."""
-    if dtype not in DTYPES:
-        return f"supports {' / '.join(DTYPES)} only (float32 would run in TF32), got {dtype}"
-    if k % 8 or n % 8:
-        return f"needs K and N multiples of 8 (TMA's 16-byte row strides), got K = {k}, N = {n}"
-    if arch is not None and arch not in ARCHS:
-        return f"runs on sm_90 (Hopper: wgmma, TMA) only, got sm_{arch}"
-    return None
 
 
 def unsupported_inputs(kwargs) -> str | None:
