@@ -21,7 +21,7 @@ import tile_kernels.torch as tk
 from tile_kernels.core import dequant_matmul as core
 from tile_kernels.core import dequant_matmul_tilelang
 from tile_kernels.torch import _runtime
-from tile_kernels.torch._calls import cuda_arch, run_calls
+from tile_kernels.torch._calls import cuda_arch
 
 K, N, GROUP = 8192, 28672, 128
 
@@ -99,8 +99,8 @@ def main(argv=None):
                 plan = core.compiled_forward("tilelang", m, N, K, dtype="bfloat16", group_size=GROUP, has_zeros=False,
                                              arch=cuda_arch(a.device), target=_runtime.target(a.device),
                                              tile_config=config)  # fmt: skip
-                measure(f"tilelang {config} {tiles}", lambda a=a, p=plan: run_calls(p, a, qweight, scales,
-                                                                                   device=a.device)[0])  # fmt: skip
+                run = _runtime.Executor(plan)
+                measure(f"tilelang {config} {tiles}", lambda a=a, run=run: run(a, qweight, scales, device=a.device)[0])
         core.blocks = default
         _runtime._cached_executor.cache_clear()
         ms = triton.testing.do_bench_cudagraph(lambda a=a: tk.dequant_matmul(a, qweight, scales, GROUP))

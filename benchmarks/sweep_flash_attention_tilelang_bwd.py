@@ -110,7 +110,6 @@ def case(q, k, v, dout, causal, arch, bench, log, records) -> None:
     from tile_kernels.core import dtype_name
     from tile_kernels.core import flash_attention as core
     from tile_kernels.core import flash_attention_tilelang as tl_fa
-    from tile_kernels.torch._calls import run_calls
     from tile_kernels.torch._runtime import Executor, target
 
     device = q.device
@@ -132,7 +131,7 @@ def case(q, k, v, dout, causal, arch, bench, log, records) -> None:
 
     tri_fwd = Executor(core.forward(*sizes, **opts, target=target(device)))
     tri_bwd = Executor(core.backward(*sizes, **opts, target=target(device)))
-    tl_fwd_plan = core.compiled_forward("tilelang", *sizes, **opts, arch=arch)
+    tl_fwd = Executor(core.compiled_forward("tilelang", *sizes, **opts, arch=arch))
     out, lse = tri_fwd(q, k, v, device=device)
     ref = tri_bwd(q, k, v, out, dout, lse, device=device)
 
@@ -141,25 +140,26 @@ def case(q, k, v, dout, causal, arch, bench, log, records) -> None:
         return tri_bwd(q, k, v, o, dout, s, device=device)
 
     def tl_fwd_triton_bwd():
-        o, s = run_calls(tl_fwd_plan, q, k, v, device=device)
+        o, s = tl_fwd(q, k, v, device=device)
         return tri_bwd(q, k, v, o, dout, s, device=device)
 
     report("triton fwd", bench(lambda: tri_fwd(q, k, v, device=device)), 1)
     report("triton bwd", bench(lambda: tri_bwd(q, k, v, out, dout, lse, device=device)), 2.5)
     report("triton fwd+bwd", bench(triton_step), 3.5)
-    report("tilelang fwd", bench(lambda: run_calls(tl_fwd_plan, q, k, v, device=device)), 1)
+    report("tilelang fwd", bench(lambda: tl_fwd(q, k, v, device=device)), 1)
     report("tilelang-fwd+triton-bwd", bench(tl_fwd_triton_bwd), 3.5)
     for i, cfg in enumerate(tl_fa.BWD_CONFIGS["sm90"][tl_fa.bucket(dim)]):
         what = f"tilelang bwd c{i} {cfg}"
         try:
             plan = core.compiled_backward("tilelang", *sizes, **opts, arch=arch, config=i)
-            got = run_calls(plan, q, k, v, out, dout, lse, device=device)
+            tl_bwd = Executor(plan)
+            got = tl_bwd(q, k, v, out, dout, lse, device=device)
             diffs = {f"d{n}": (a.float() - b.float()).abs().max().item() for n, a, b in zip("qkv", got, ref)}
-            report(what, bench(lambda plan=plan: run_calls(plan, q, k, v, out, dout, lse, device=device)), 2.5, diffs)
+            report(what, bench(lambda tl_bwd=tl_bwd: tl_bwd(q, k, v, out, dout, lse, device=device)), 2.5, diffs)
 
-            def tl_step(plan=plan):
-                o, s = run_calls(tl_fwd_plan, q, k, v, device=device)
-                return run_calls(plan, q, k, v, o, dout, s, device=device)
+            def tl_step(tl_bwd=tl_bwd):
+                o, s = tl_fwd(q, k, v, device=device)
+                return tl_bwd(q, k, v, o, dout, s, device=device)
 
             report(f"tilelang fwd+bwd c{i}", bench(tl_step), 3.5)
             # each kernel's share: the calls run once in order (real delta, lse), then each is timed

@@ -20,7 +20,7 @@ import tile_kernels.torch as tk
 from tile_kernels.core import fp8_matmul as core
 from tile_kernels.core import fp8_matmul_tilelang
 from tile_kernels.torch import _runtime
-from tile_kernels.torch._calls import cuda_arch, run_calls
+from tile_kernels.torch._calls import cuda_arch
 from tile_kernels.torch.bench import _scaled_mm
 
 SHAPES = ((8192, 8192, 8192), (4096, 4096, 14336), (4096, 14336, 4096), (16, 7168, 2048))
@@ -56,9 +56,8 @@ def main(argv=None):
             for config, tiles in fp8_matmul_tilelang.CONFIGS.items():
                 plan = core.compiled_forward("tilelang", m, n, k, out_dtype="bfloat16", arch=arch,
                                              target=_runtime.target(a.device), tile_config=config)  # fmt: skip
-                calls[f"tilelang {config} {tiles}"] = lambda p=plan, ops=operands: run_calls(
-                    p, *ops, device=ops[0].device
-                )[0]
+                run = _runtime.Executor(plan)
+                calls[f"tilelang {config} {tiles}"] = lambda run=run, ops=operands: run(*ops, device=ops[0].device)[0]
         for label, call in calls.items():
             try:
                 err = (call().float() - want).abs().max().item() / scale

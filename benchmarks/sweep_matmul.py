@@ -24,7 +24,7 @@ import tile_kernels.torch as tk
 from tile_kernels.core import matmul as core
 from tile_kernels.core import matmul_tilelang
 from tile_kernels.torch import _runtime
-from tile_kernels.torch._calls import cuda_arch, run_calls
+from tile_kernels.torch._calls import cuda_arch
 
 SHAPES = ((8192, 8192, 8192), (4096, 4096, 14336), (4096, 14336, 4096), (16, 4096, 14336), (64, 4096, 14336))
 
@@ -59,8 +59,9 @@ def tilelang_calls(a, w, epilogue: dict):
     for config in matmul_tilelang.CONFIGS:
         plan = core.compiled_forward("tilelang", m, n, k, dtype="bfloat16", b_col=True, arch=cuda_arch(a.device),
                                      target=_runtime.target(a.device), tile_config=config, **flags)  # fmt: skip
+        run = _runtime.Executor(plan)
         label = f"tilelang {config} {matmul_tilelang.CONFIGS[config]}"
-        yield label, lambda p=plan: run_calls(p, a, w, *operands, device=a.device)[0]
+        yield label, lambda run=run: run(a, w, *operands, device=a.device)[0]
 
 
 def main(argv=None):

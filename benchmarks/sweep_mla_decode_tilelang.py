@@ -25,8 +25,8 @@ import tile_kernels.torch as tk
 from tile_kernels.core import dtype_name
 from tile_kernels.core import mla_decode as core
 from tile_kernels.core import mla_decode_tilelang as tl_kernel
-from tile_kernels.torch._calls import cuda_arch, run_calls
-from tile_kernels.torch._runtime import target
+from tile_kernels.torch._calls import cuda_arch
+from tile_kernels.torch._runtime import Executor, target
 
 SHAPES = ("1,32768", "32,8192", "64,4096", "128,4096", "128,2048")
 L2_BYTES = 60 << 20
@@ -43,10 +43,11 @@ def tilelang_call(x, tile_config):
                                  target=target(q_nope.device), page_size=kv.shape[1] if paged else None,
                                  tile_config=tile_config)  # fmt: skip
     splits = plan.buffers["partial_o"].shape[2] if "partial_o" in plan.buffers else 1
+    run = Executor(plan)
 
     def call(x):
         args = [t for t in x if t is not None]
-        return run_calls(plan, *args, device=args[0].device)
+        return run(*args, device=args[0].device)
 
     return call, splits
 

@@ -99,8 +99,8 @@ def test_compiled_plans_match_the_triton_plans_buffers():
 
 @needs_torch
 def test_torch_runs_a_plan_of_calls_through_one_cached_executor():
-    """The torch adapters run a plan of TVM-FFI Calls through `_runtime.executor`: built (its functions loaded) once
-    per arguments, then each call passes the tensors and the attrs straight to the function."""
+    """The torch adapters run a plan of TVM-FFI Calls through `_runtime.executor`: built once per arguments, its
+    functions loaded at the first run, then each call passes the tensors and the attrs straight to the function."""
     import torch
 
     from tile_kernels.core import Plan

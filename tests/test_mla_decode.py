@@ -280,8 +280,7 @@ def test_tilelang_split_counts_agree(paged):
     Triton combine) at one length of each kind, poisoned buffers (TILE_KERNELS_POISON=1)."""
     import torch
 
-    from tile_kernels.torch._calls import run_calls
-    from tile_kernels.torch._runtime import target
+    from tile_kernels.torch._runtime import Executor, target
 
     rng = np.random.default_rng(11)
     lengths = [0, 1, 65, 3000]
@@ -297,7 +296,7 @@ def test_tilelang_split_counts_agree(paged):
         plan = mla.compiled_forward("tilelang", 4, 128, 512, 64, 3008, dtype="bfloat16", scale=None,
                                     arch=10 * major + minor, target=target(device), page_size=64 if paged else None,
                                     num_splits=splits)  # fmt: skip
-        out, lse = (driver.numpy(t) for t in run_calls(plan, *tensors, device=device))
+        out, lse = (driver.numpy(t) for t in Executor(plan)(*tensors, device=device))
         assert_close(f"out, {splits} splits", out, want[0], "bfloat16")
         assert_close(f"lse, {splits} splits", lse, want[1], "float32")
 

@@ -1,5 +1,5 @@
-"""What the torch adapters ask about a call's device: its platform and compute capability, the backend that runs it
-(tile_kernels.core.backends.resolve, cached); and run_calls, one run of a plan of TVM-FFI Calls."""
+"""What the torch adapters ask about a call's device: its platform and compute capability, and the backend that runs
+it (tile_kernels.core.backends.resolve, cached)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import functools
 
 import torch
 
-from tile_kernels.core import Plan, backends
-
-from ._runtime import Executor
+from tile_kernels.core import backends
 
 
 def platform(device: torch.device) -> str:
@@ -23,12 +21,6 @@ def cuda_arch(device: torch.device) -> int:
     """Compute capability as an int (90 for 9.0): the architecture the kernels are compiled for."""
     major, minor = torch.cuda.get_device_capability(device)
     return 10 * major + minor
-
-
-def run_calls(plan: Plan, *inputs: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Runs a plan of Calls once (the sweeps' configurations); the ops run theirs through `_runtime.executor`, which
-    caches a plan's Executor per arguments."""
-    return Executor(plan)(*inputs, device=device)
 
 
 @functools.lru_cache(maxsize=256)

@@ -318,16 +318,18 @@ class _LaunchStep:
 
 class _CallStep:
     """One TVM-FFI call of a compiled TileLang or CUDA C++ function (tile_kernels.core.backends.Call): the tensors
-    passed directly (DLPack, no copies), run on torch's current stream; the function loaded (built on first use) when
-    the Executor is. torch.compile cannot trace these calls: the ops that make them are custom ops with fake
-    implementations."""
+    passed directly (DLPack, no copies), run on torch's current stream; the function loaded (built on first use) at
+    the first run, where a build error surfaces. torch.compile cannot trace these calls: the ops that make them are
+    custom ops with fake implementations."""
 
     def __init__(self, call: Call, slots):
-        self.function = call.load()
+        self.load, self.function = call.load, None
         self.args = [slots[name] for name in call.reads + call.writes]
         self.attrs = tuple(call.attrs.values())
 
     def run(self, tensors, device=None):
+        if self.function is None:
+            self.function = self.load()
         self.function(*(tensors[i] for i in self.args), *self.attrs)
 
 
