@@ -142,7 +142,7 @@ def test_round_to_models_the_kernels_weight_rounding():
 def test_tilelang_backend_plan_and_refusals():
     """backend="tilelang": clear errors for float32, N not a multiple of 8, group sizes that split a K step and GPUs
     other than Hopper; its plan one Call (the group size in its key), or Triton's zeros for an empty product;
-    backend=None stays Triton until the kernel is timed."""
+    backend=None stays Triton (measured faster)."""
     from tile_kernels.core import backends
     from tile_kernels.core.backends import Call
     from tile_kernels.core.plan import Target
