@@ -155,16 +155,16 @@ class Blocks:
 
 
 def blocks(rows: int, n: int, r: int, dtype: str, target: Target) -> Blocks:
-    """16-bit: 128 x 256 tiles stepping 64 deep, 8 warps, 3 stages from 4096 rows on sm_90+ (the fastest of
-    benchmarks/sweep_grouped_matmul.py on an H200 at Mixtral's shape; it spills on sm_80), else 64 x 128 (MoE
-    groups are often a few hundred rows: 64-row tiles waste less of a group's last tile; 4 warps spill in dx's
-    transposed read); float32 (IEEE products): 32 x 32 x 32; one stage on wavefront-64 (AMD) targets. Tiles no wider
-    than the dims round up to."""
+    """16-bit: 128 x 256 tiles stepping 64 deep, 8 warps, 3 stages, panels of 8 row tiles from 4096 rows on sm_90+
+    (the fastest of benchmarks/sweep_grouped_matmul.py on an H200 at Mixtral's shapes; it spills on sm_80), else
+    64 x 128 (MoE groups are often a few hundred rows: 64-row tiles waste less of a group's last tile; 4 warps spill in
+    dx's transposed read); float32 (IEEE products): 32 x 32 x 32; one stage on wavefront-64 (AMD) targets. Tiles no
+    wider than the dims round up to."""
     stages = 1 if target.warp_size == 64 else 3
     if dtype == "float32":
         b = Blocks(32, 32, 32, 4, min(stages, 2))
     elif rows >= 4096 and target.cuda_arch >= 90:
-        b = Blocks(128, 256, 64, 8, stages)
+        b = Blocks(128, 256, 64, 8, stages, 8)
     else:
         b = Blocks(64, 128, 64, 8, stages)
 

@@ -24,13 +24,14 @@ from .matmul_tilelang import ARCHS, DTYPES, unsupported  # noqa: F401 - ARCHS: t
 AOT_TARGETS = ("cuda:90",)  # the AOT matrix's TileLang targets (aot.TILELANG_TARGETS) that build it
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, stages, threads, panel) by config name; "default" is what backend="tilelang" runs:
-# matmul's 128 x 256 x 64 tile in two consumer warp groups, 3 stages, launch order. panel > 0: the programs visit
+# matmul's 128 x 256 x 64 tile in two consumer warp groups, 3 stages, panels of 8. panel > 0: the programs visit
 # panels of `panel` row tiles across every column tile (T.use_swizzle, column order), so that a wave reads each a tile
-# from L2 instead of once per column tile (E8 T16384 K4096 N14336 in launch order: a is read 56 times, 7.5 GB)
+# from L2 instead of once per column tile (E8 T16384 K4096 N14336 in launch order: a is read 56 times, 7.5 GB; H200,
+# benchmarks/sweep_grouped_matmul.py: forward 585 TFLOP/s with panels of 8, 513 in launch order)
 CONFIGS = {
-    "default": (128, 256, 64, 3, 256, 0),
+    "default": (128, 256, 64, 3, 256, 8),
     "m128n128s4": (128, 128, 64, 4, 256, 0),
-    "panel8": (128, 256, 64, 3, 256, 8),
+    "unpaneled": (128, 256, 64, 3, 256, 0),
 }
 DEFAULT_CONFIG = "default"
 

@@ -47,7 +47,9 @@ Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and K
          (max_seq, D/2) table computed in float64 at build: fp32 angles lose ~1e-2 rad at position 1e5); split 0
          writes the new KV cache row and starts its online softmax from the new token in registers (rounded to the
          cache dtype, as the eager step re-reads it), then every split streams its BLOCK_T-position blocks of the
-         cached rows 0..position-1 and writes its (o, m, l) partial into `att`; an empty split writes -inf, 0, 0.
+         cached rows 0..position-1 (q K^T and p V as tl.dot: the G heads padded to 16 rows, q and p rounded to the
+         cache dtype, so 16-bit caches run on tensor cores and the loop's loads are pipelined) and writes its
+         (o, m, l) partial into `att`; an empty split writes -inf, 0, 0.
   COMBINE group g: its heads' partials of every split, a = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s (one exp a
          split and head) -> ao.
 
@@ -91,6 +93,7 @@ NF = tl.constexpr(len(TASK_FIELDS))
 ALIGN = tl.constexpr(64)  # elements: every buffer's offset in its arena (128-byte lines for 16-bit weights)
 ERR_FIELDS = ("flag", "program", "task", "counter", "value", "expected")
 PERSISTENT, STAGED = 0, 1  # MODE: one program per SM walking its queue / one program per task of one stage
+ATTN_BLOCK_T = 64  # cached positions an ATTN task's loop step reads (K and V: 2 x 64 x D elements)
 TILE_BUDGET = 16384  # elements of a weight tile (Megakernel's tile_budget): 32 KB of bf16, two in flight (_gemv)
 
 
@@ -210,6 +213,17 @@ def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b, fp32 accumulation: 16-bit operands on tensor cores; IEEE (fp32 / fp64 caches, and bfloat16 in Triton's
+    interpreter, whose tl.dot multiplies raw 16-bit patterns) at full precision, 16-bit operands upcast first."""
+    if IEEE:
+        if a.dtype.primitive_bitwidth < 32:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
 def _split_range(position, S, split):
     """Positions [a, e) of split `split`: the cached positions 0..position-1 cut in S ranges of ceil(position / S)."""
     chunk = (position + S - 1) // S
@@ -276,6 +290,7 @@ def _task(
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_DH: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     """One task (graph.py's table of kinds); `kind` is a constexpr in staged launches (one body compiled)."""
     NL1 = NL + 1
@@ -330,24 +345,28 @@ def _task(
         zero = tl.zeros((BLOCK_G, BLOCK_DH), tl.float32)
         o1 = tl.where(first, vn1.to(tl.float32)[None, :] + zero, zero)
         o2 = tl.where(first, vn2.to(tl.float32)[None, :] + zero, zero)
+        qa = q1.to(KV.dtype.element_ty)  # the cached blocks' dots on tensor cores, q in the cache dtype
+        qb = q2.to(KV.dtype.element_ty)
         a, e = _split_range(position, S, split)
         for t0 in range(a, e, BLOCK_T):
             tt = t0 + tl.arange(0, BLOCK_T)
             tm = tt < e
             km = tm[:, None] & im[None, :]
             off = tt[:, None] * (HK * D) + i[None, :]
-            ka = tl.load(kbase + off, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)
-            kb = tl.load(kbase + off + D // 2, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)
-            va = tl.load(vbase + off, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)
-            vb = tl.load(vbase + off + D // 2, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)
-            sc = tl.sum(q1[:, None, :] * ka[None, :, :], axis=2) + tl.sum(q2[:, None, :] * kb[None, :, :], axis=2)
+            kt = tt[None, :] * (HK * D) + i[:, None]  # K transposed, (DH, T)
+            ktm = tm[None, :] & im[:, None]
+            ka = tl.load(kbase + kt, mask=ktm, other=0.0, cache_modifier=".cg")
+            kb = tl.load(kbase + kt + D // 2, mask=ktm, other=0.0, cache_modifier=".cg")
+            va = tl.load(vbase + off, mask=km, other=0.0, cache_modifier=".cg")
+            vb = tl.load(vbase + off + D // 2, mask=km, other=0.0, cache_modifier=".cg")
+            sc = _dot(qa, ka, IEEE) + _dot(qb, kb, IEEE)
             sc = tl.where(tm[None, :], sc, float("-inf"))  # (G, T)
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # finite: every block holds a position
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(sc - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            o1 = o1 * alpha[:, None] + tl.sum(p[:, :, None] * va[None, :, :], axis=1)
-            o2 = o2 * alpha[:, None] + tl.sum(p[:, :, None] * vb[None, :, :], axis=1)
+            o1 = o1 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), va, IEEE)
+            o2 = o2 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), vb, IEEE)
             m_i = m_new
         rec = _ptr(A, OFFS, B_ATT, layer, NL1) + (split * HQ + lo * G + jg) * (D + 2)  # (split, head, [o, m, l])
         tl.store(rec[:, None] + i[None, :], o1, mask=qm)
@@ -533,6 +552,7 @@ def decode_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_DH: tl.constexpr,
+    IEEE: tl.constexpr,
     PF_CHUNKS: tl.constexpr,
     PF_BYTES: tl.constexpr,
     MODE: tl.constexpr,
@@ -564,7 +584,7 @@ def decode_kernel(
             tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
               eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
-              BLOCK_G, BLOCK_DH)  # fmt: skip
+              BLOCK_G, BLOCK_DH, IEEE)  # fmt: skip
     else:
         alive = pid * 0 + 1
         for i in range(tl.load(QPTR + pid), tl.load(QPTR + pid + 1)):
@@ -592,7 +612,7 @@ def decode_kernel(
                         tl.store(TRACE + 4 * t + 1, _now(i, 1, INTERPRET))
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
                           MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
-                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_DH)  # fmt: skip
+                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_DH, IEEE)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
                         tl.store(TRACE + 4 * t + 2, _now(i, 2, INTERPRET))
@@ -749,9 +769,10 @@ class Megakernel:
             BN_D=bn["d"],
             BK_D=bk(bn["d"], c.intermediate),
             BLOCK_S=_pow2(t.kv_splits),
-            BLOCK_T=max(1, min(32, budget // (_pow2(c.group) * _pow2(c.head_dim // 2)))),
-            BLOCK_G=_pow2(c.group),
-            BLOCK_DH=_pow2(c.head_dim // 2),
+            BLOCK_T=ATTN_BLOCK_T,
+            BLOCK_G=max(16, _pow2(c.group)),  # tl.dot's operands: >= 16 along every dimension
+            BLOCK_DH=max(16, _pow2(c.head_dim // 2)),
+            IEEE=self.interpret or self.W.element_size() >= 4,
             PF_CHUNKS=32 * num_warps,  # one chunk a thread
             PF_BYTES=max(16, -(-max_bytes // (32 * num_warps * 16)) * 16),
             INTERPRET=self.interpret,
