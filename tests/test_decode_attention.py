@@ -150,6 +150,34 @@ def test_pages_of_256_and_an_explicit_scale(driver):
     assert_close("out", driver.call(da.NAME, kwargs)[0], da.reference(**kwargs)[0], "float16")
 
 
+@pytest.mark.parametrize("dtype, page_size", [("bfloat16", None), ("float16", 16), ("bfloat16", 7)])
+def test_fp8_caches_with_per_tensor_scales(driver, dtype, page_size):
+    """float8_e4m3fn caches holding K / k_scale and V / v_scale under 16-bit queries, contiguous and paged, GQA 8/2,
+    two new tokens a sequence: the reference over the dequantized caches; k_scale alone and v_scale alone scale the
+    scores and the output as the math says (v_scale 2 doubles the output exactly: a power of two)."""
+    rng = np.random.default_rng(11)
+    lengths, capacity = [0, 1, 17, 70], 70
+    kwargs = _contiguous(rng, lengths, capacity, 8, 2, 64, dtype)
+    kwargs["k_cache"], kwargs["v_cache"] = (round_to(4 * rng.standard_normal(c.shape), "float8_e4m3fn")
+                                            for c in (kwargs["k_cache"], kwargs["v_cache"]))  # fmt: skip
+    kwargs["q"] = round_to(rng.standard_normal((len(lengths), 2, 8, 64)), dtype)
+    if page_size:  # the capacity cut to whole pages (70 for pages of 7, 64 for 16)
+        cut = capacity // page_size * page_size
+        kwargs = _paged(rng, {**kwargs, "k_cache": kwargs["k_cache"][:, :cut], "v_cache": kwargs["v_cache"][:, :cut]},
+                        page_size)  # fmt: skip
+        kwargs["cache_seqlens"] = np.minimum(kwargs["cache_seqlens"], cut)
+    assert kwargs["k_cache"].dtype.name == "float8_e4m3fn"
+    scaled = {**kwargs, "k_scale": 0.04, "v_scale": 0.3}
+    (got,) = driver.call(da.NAME, scaled)
+    ref = da.reference(**scaled)[0]
+    assert_close("fp8 caches", got, ref, dtype)
+    assert np.all(got[0] == 0) and np.abs(ref).max() > 0.05
+    (unscaled,) = driver.call(da.NAME, {**kwargs, "k_scale": 0.04})
+    (doubled,) = driver.call(da.NAME, {**kwargs, "k_scale": 0.04, "v_scale": 2.0})
+    np.testing.assert_array_equal(doubled, 2 * unscaled)
+    assert_close("k_scale only", unscaled, da.reference(**{**kwargs, "k_scale": 0.04})[0], dtype)
+
+
 def test_split_heuristic_fills_the_gpu_for_one_long_sequence_only():
     """B = 1 with a long context splits its sequence across the SMs; a large batch fills the GPU alone and takes one
     split; short caches are never cut finer than MIN_SPLIT_BLOCKS blocks a split."""
@@ -214,12 +242,16 @@ def test_torch_opcheck_and_compile():
     q, k, v, lengths, table = (torch.from_numpy(kwargs[n]).to(dev) for n in names)
     ops = torch.ops.tile_kernels
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    for op, args in [
-        (ops.decode_attention_fwd.default, (q, k, v, lengths, table, 0.2)),
-        (ops.decode_attention_fwd.default, (q, k[:3], v[:3], lengths, None, 0.2)),
-        (ops.decode_attention.default, (q, k, v, lengths, table, None)),
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    # test_schema compares the inputs after the call with arithmetic torch lacks for float8 on the CPU
+    fp8_utils = utils[1:] if dev == "cpu" else utils
+    for op, args, checks in [
+        (ops.decode_attention_fwd.default, (q, k, v, lengths, table, 0.2, 1.0), utils),
+        (ops.decode_attention_fwd.default, (q, k[:3], v[:3], lengths, None, 0.2, 1.0), utils),
+        (ops.decode_attention.default, (q, k, v, lengths, table, None), utils),
+        (ops.decode_attention.default, (q, k8, v8, lengths, table, None, 0.5, 2.0), fp8_utils),
     ]:
-        result = torch.library.opcheck(op, args, test_utils=utils)
+        result = torch.library.opcheck(op, args, test_utils=checks)
         assert all(r == "SUCCESS" for r in result.values()), (op, result)
 
     def step(q, k, v, lengths, table):
@@ -234,7 +266,8 @@ def test_torch_opcheck_and_compile():
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
-@pytest.mark.parametrize("options", [dict(paged=True, gqa=3), dict(paged=True, gqa=1, page_size=7), dict(gqa=4)])
+@pytest.mark.parametrize("options", [dict(paged=True, gqa=3), dict(paged=True, gqa=1, page_size=7), dict(gqa=4),
+                                     dict(paged=True, gqa=4, fp8=True)])  # fmt: skip
 def test_bench_peers_on_every_option(framework, options):
     """The benchmark's torch eager and jax.jit peers compute the same op, paged and with GQA too."""
     from test_bench import _peer

@@ -51,7 +51,7 @@ OPTIONS = {
 VARIANTS = {
     "flash_attention": {"": {}, " causal": {"causal": True}},
     "flash_attention_varlen": {"": {}, " causal": {"causal": True}},
-    "decode_attention": {"": {}, " paged": {"paged": True}},
+    "decode_attention": {"": {}, " paged": {"paged": True}, " paged fp8": {"paged": True, "fp8": True}},
     "mla_decode": {" paged": {}, " contiguous": {"paged": False}},
 }
 

@@ -1,4 +1,5 @@
-"""Decode attention: decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None).
+"""Decode attention: decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None,
+k_scale=None, v_scale=None).
 
 New query tokens, q (B, Hq, D) (one a sequence) or (B, T, Hq, D) (T a sequence: speculative decoding), over the
 first L_b = cache_seqlens[b] positions of each sequence's KV cache, their own K / V already written (the last T):
@@ -8,7 +9,9 @@ first L_b = cache_seqlens[b] positions of each sequence's KV cache, their own K 
 Caches: contiguous (B, Smax, Hk, D), K_b[p] = k_cache[b, p]; or paged (num_blocks, page_size, Hk, D) with block_table
 (B, max_pages) int32, K_b[p] = k_cache[block_table[b, p // page_size], p % page_size]. The capacity C (Smax, or
 max_pages * page_size) is a shape; the lengths are values, read on the device only (clamped to [0, C]; the pages
-they cover must be valid indices of the pool).
+they cover must be valid indices of the pool). Caches in q's dtype, or FP8 (float8_e4m3fn, NVIDIA sm_89+ and the
+interpreter) with per-tensor scales: K = k_cache * k_scale, V = v_cache * v_scale (floats, default 1; k_scale folds
+into the softmax scale, v_scale into each split's output; the codes are widened to q's dtype before the products).
 
 Kernels (flash-decoding, split-KV; fp32 accumulation, log-sum-exps in base 2):
   * split: grid (B, Hk * cdiv(T * Hq / Hk, BLOCK_G), S). A program holds up to BLOCK_G (token, query head) pairs of
@@ -36,8 +39,9 @@ import triton.language as tl
 
 from . import checks
 from .flash_attention import dot
+from .fp8_quantize import FP8, e4m3_target, require_e4m3
 from .host import ieee_dots
-from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units, next_power_of_2
+from .plan import FLOAT_DTYPES, ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, dtype_name, in_units, next_power_of_2
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 
 NAME = "decode_attention"
@@ -96,7 +100,7 @@ def finish(acc, m_i, l_i):
 @triton.jit
 def decode_split_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, tokens, heads_q, heads_k, head_dim, seqlen_k, page_size, stride_bt,
-    stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale,
+    stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale, v_scale,
     PARTIAL_O, PARTIAL_LSE, OUT,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr, IEEE: tl.constexpr,
     SPLIT: tl.constexpr, UNIT: tl.constexpr,
@@ -138,12 +142,15 @@ def decode_split_kernel(
         k_rows = cache_rows(BLOCK_TABLE, b, stride_bt, cols, col_ok, page_size, stride_kb, stride_ks, PAGED)
         v_rows = cache_rows(BLOCK_TABLE, b, stride_bt, cols, col_ok, page_size, stride_vb, stride_vs, PAGED)
         kt = tl.load(k_base + k_rows[None, :] + d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0)  # (D, N)
+        kt = kt.to(q.dtype)  # FP8 codes widened (a no-op for caches in q's dtype)
         s = dot(q, kt, IEEE) * (scale * 1.4426950408889634)
         s = tl.where(col_ok[None, :] & (cols[None, :] < visible[:, None]), s, -float("inf"))
         p, alpha, m_i, l_i = online_softmax(s, m_i, l_i)
         v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=col_ok[:, None] & dmask[None, :], other=0.0)  # (N, D)
+        v = v.to(q.dtype)
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
     out, lse = finish(acc, m_i, l_i)
+    out *= tl.cast(v_scale, tl.float32)  # V = v_cache x v_scale
     mask = row_ok[:, None] & dmask[None, :]
     out_row = (b * tokens + t) * heads_q + h
     if not SPLIT:
@@ -233,7 +240,7 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if head_dim else 1.0
 
 
-def check(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None) -> None:
+def check(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None, k_scale=None, v_scale=None):
     dtype = checks.check_float(NAME, "q", q)
     if len(q.shape) not in (3, 4):
         raise ValueError(f"{NAME}: q must be 3-D (batch, heads, head_dim) or 4-D (batch, tokens, heads, head_dim), "
@@ -243,8 +250,9 @@ def check(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=No
         if len(t.shape) != 4:
             what = "(batch, seqlen, heads, head_dim) or paged (num_blocks, page_size, heads, head_dim)"
             raise ValueError(f"{NAME}: {name} must be 4-D {what}, got shape {tuple(t.shape)}")
-    checks.check_same_dtype(NAME, "k_cache", k_cache, dtype, "that of q")
-    checks.check_same_dtype(NAME, "v_cache", v_cache, dtype, "that of q")
+    cache_dtype = FP8 if dtype_name(k_cache.dtype) == FP8 else dtype
+    checks.check_same_dtype(NAME, "k_cache", k_cache, cache_dtype, f"that of q, or {FP8}")
+    checks.check_same_dtype(NAME, "v_cache", v_cache, cache_dtype, "that of k_cache")
     checks.check_same_dtype(NAME, "cache_seqlens", cache_seqlens, "int32", "the tokens in each sequence's cache")
     batch, heads_q, head_dim = q.shape[0], q.shape[-2], q.shape[-1]
     checks.check_shape(NAME, "cache_seqlens", cache_seqlens, (batch,), "q's batch")
@@ -263,11 +271,15 @@ def check(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=No
                          f"{heads_k}")  # fmt: skip
     if softmax_scale is not None:
         checks.check_real(NAME, "softmax_scale", softmax_scale, "None or a finite number")
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if value is not None:
+            checks.check_real(NAME, name, value, "None or a finite number")
 
 
-def options(q, softmax_scale) -> float:
-    """The scale the kernels take, once `check` has passed."""
-    return default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+def options(q, softmax_scale, k_scale=None, v_scale=None) -> tuple[float, float]:
+    """(scale, v_scale) the kernels take, once `check` has passed: the softmax scale times k_scale, and v_scale."""
+    scale = default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    return scale * (1.0 if k_scale is None else float(k_scale)), 1.0 if v_scale is None else float(v_scale)
 
 
 def tokens_of(q) -> int:
@@ -278,15 +290,20 @@ def tokens_of(q) -> int:
 def forward(
     batch: int, heads_q: int, heads_k: int, head_dim: int, seqlen_k: int, *, dtype: str, scale: float | None,
     target: Target, page_size: int | None = None, strides_q=None, strides_k=None, strides_v=None,
-    stride_bt: int | None = None, num_splits: int | None = None, tokens: int = 1,
+    stride_bt: int | None = None, num_splits: int | None = None, tokens: int = 1, cache_dtype: str | None = None,
+    v_scale: float = 1.0,
 ) -> Plan:  # fmt: skip
     """Inputs q (B, T, Hq, D) (T = tokens), k_cache / v_cache (contiguous (B, seqlen_k, Hk, D), or paged (num_blocks,
     page_size, Hk, D) with seqlen_k = max_pages * page_size), cache_seqlens (B,) int32, and block_table (B,
     max_pages) int32 when paged; unit head-dim strides, the others given ((batch, token, head) for q, (batch or page,
     position, head) for the caches, the row stride of block_table; None = compact). Output out (B, T, Hq, D)
-    compact. `num_splits` None: the heuristic's (the tests force others)."""
+    compact. `num_splits` None: the heuristic's (the tests force others). `cache_dtype`: the caches' (default q's
+    `dtype`; FP8 with `scale` = softmax scale x k_scale and `v_scale`)."""
     paged = page_size is not None
-    inputs = {"q": dtype, "k_cache": dtype, "v_cache": dtype, "cache_seqlens": "int32"}
+    cache_dtype = cache_dtype or dtype
+    if cache_dtype == FP8:
+        require_e4m3(NAME, target)
+    inputs = {"q": dtype, "k_cache": cache_dtype, "v_cache": cache_dtype, "cache_seqlens": "int32"}
     if paged:
         inputs["block_table"] = "int32"
     empty = batch * tokens * heads_q * head_dim == 0 or seqlen_k == 0  # nothing to attend to: out is 0
@@ -305,7 +322,7 @@ def forward(
     ieee = ieee_dots(dtype)
     reads = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table" if paged else None, tokens, heads_q, heads_k,
              head_dim, seqlen_k, page_size if paged else seqlen_k, stride_bt, *sq, *sk, *sv,
-             default_scale(head_dim) if scale is None else float(scale))  # fmt: skip
+             default_scale(head_dim) if scale is None else float(scale), float(v_scale))  # fmt: skip
     writes = (None, None, "out") if splits == 1 else ("partial_o", "partial_lse", None)
     split = Launch(
         decode_split_kernel,
@@ -339,12 +356,13 @@ def gather(cache: np.ndarray, b: int, length: int, block_table=None) -> np.ndarr
     return cache[block_table[b, p // cache.shape[1]], p % cache.shape[1]]
 
 
-def reference(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
+def reference(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None, k_scale=None, v_scale=None):
     tokens = tokens_of(q)
     q4 = q.reshape(q.shape[0], tokens, *q.shape[-2:])
     batch, _, heads_q, head_dim = q4.shape
     heads_k = k_cache.shape[2]
     scale = default_scale(head_dim) if softmax_scale is None else softmax_scale
+    k_scale, v_scale = (1.0 if x is None else float(x) for x in (k_scale, v_scale))
     out = np.zeros(q4.shape)
     capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
     for b, t in np.ndindex(batch, tokens):
@@ -352,8 +370,8 @@ def reference(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scal
         if length <= 0 or heads_q == 0:
             continue
         group = heads_q // heads_k
-        k = np.repeat(gather(k_cache, b, length, block_table).astype(np.float64), group, axis=1)  # (L, Hq, D)
-        v = np.repeat(gather(v_cache, b, length, block_table).astype(np.float64), group, axis=1)
+        k = np.repeat(gather(k_cache, b, length, block_table).astype(np.float64), group, axis=1) * k_scale  # (L, Hq, D)
+        v = np.repeat(gather(v_cache, b, length, block_table).astype(np.float64), group, axis=1) * v_scale
         s = np.einsum("hd,lhd->hl", q4[b, t].astype(np.float64), k) * scale
         p = np.exp(s - s.max(axis=1, keepdims=True))
         out[b, t] = np.einsum("hl,lhd->hd", p / p.sum(axis=1, keepdims=True), v)
@@ -371,7 +389,7 @@ def cost(kwargs) -> tuple[Cost, Cost]:
     capacity = k.shape[1] * (kwargs["block_table"].shape[1] if kwargs.get("block_table") is not None else 1)
     positions = int(np.clip(kwargs["cache_seqlens"], 0, capacity).sum())
     item = ITEMSIZE[str(q.dtype)]
-    kv_bytes = 2 * positions * k.shape[2] * head_dim * item
+    kv_bytes = 2 * positions * k.shape[2] * head_dim * ITEMSIZE[str(k.dtype)]
     flops = 4 * positions * tokens_of(q) * heads_q * head_dim
     return Cost(2 * q.size * item + kv_bytes + 4 * q.shape[0], flops), Cost(0, 0)
 
@@ -388,13 +406,14 @@ def draw_lengths(rng: np.random.Generator, batch: int, capacity: int, page: int,
     return np.clip(rng.choice(choices, batch), 0, capacity).astype(np.int32)
 
 
-def sample(rng: np.random.Generator, shape, dtype: str, paged=False, gqa=1, page_size=None, tokens=1) -> dict:
+def sample(rng: np.random.Generator, shape, dtype: str, paged=False, gqa=1, page_size=None, tokens=1, fp8=False):
     """q (B, Hk * gqa, D), caches of capacity C, from a drawn shape (..., n): C = shape[1] if it is 0 or >=
     LONG_CONTEXT (a benchmark's shape: every sequence full, B = shape[0] and Hk = shape[2] as they are), else drawn
     in [1, 160], B = shape[0] at most 4 (1 without leading dims) and Hk = shape[2] (as it is from 16 on, else at
     most 4; 2 if absent); D = n up to 64 (or 128 / 256), else 16, 32 or 64. Lengths drawn among 0, 1,
     page_size +- 1, page_size, C and uniform ones. Paged: page_size drawn from 1, 7, 16, 32 (unless given), the pool
-    holds the B * max_pages pages (and 3 more) in a shuffled order. tokens > 1: q (B, tokens, Hq, D)."""
+    holds the B * max_pages pages (and 3 more) in a shuffled order. tokens > 1: q (B, tokens, Hq, D). fp8: FP8
+    caches of 4 x standard normals with k_scale 0.25 and v_scale 0.5."""
     lead, n = tuple(shape[:-1]), shape[-1]
     given = len(lead) > 1 and (lead[1] == 0 or lead[1] >= LONG_CONTEXT)
     batch = (lead[0] if given else min(lead[0], 4)) if lead else 1
@@ -408,17 +427,16 @@ def sample(rng: np.random.Generator, shape, dtype: str, paged=False, gqa=1, page
     lengths = draw_lengths(rng, batch, capacity, page, full=given)
     q_shape = (batch, heads_k * gqa, head_dim) if tokens == 1 else (batch, tokens, heads_k * gqa, head_dim)
     kwargs = {"q": round_to(rng.standard_normal(q_shape), dtype)}
+    cache_shape = (batch * max_pages + 3, page) if paged else (batch, capacity)
+    kwargs["k_cache"], kwargs["v_cache"] = (
+        round_to(rng.standard_normal(cache_shape + (heads_k, head_dim)) * (4 if fp8 else 1), FP8 if fp8 else dtype)
+        for _ in range(2)
+    )
+    table = None
     if paged:
-        blocks = batch * max_pages + 3
-        kwargs["k_cache"], kwargs["v_cache"] = (round_to(rng.standard_normal((blocks, page, heads_k, head_dim)), dtype)
-                                                for _ in range(2))  # fmt: skip
-        table = rng.permutation(blocks)[: batch * max_pages].reshape(batch, max_pages).astype(np.int32)
-    else:
-        kwargs["k_cache"], kwargs["v_cache"] = (
-            round_to(rng.standard_normal((batch, capacity, heads_k, head_dim)), dtype) for _ in range(2)
-        )
-        table = None
-    return kwargs | {"cache_seqlens": lengths, "block_table": table, "softmax_scale": None}
+        table = rng.permutation(cache_shape[0])[: batch * max_pages].reshape(batch, max_pages).astype(np.int32)
+    scales = {"k_scale": 0.25, "v_scale": 0.5} if fp8 else {"k_scale": None, "v_scale": None}
+    return kwargs | {"cache_seqlens": lengths, "block_table": table, "softmax_scale": None} | scales
 
 
 def bad_inputs(kwargs) -> list[BadInput]:
@@ -428,7 +446,9 @@ def bad_inputs(kwargs) -> list[BadInput]:
         BadInput({"q": q[(0,) * (q.ndim - 2)]}, ValueError, "decode_attention: q must be 3-D .* or 4-D"),
         BadInput({"q": q[..., None, None]}, ValueError, "decode_attention: q must be 3-D .* or 4-D"),
         BadInput({"q": q.astype(np.int32)}, TypeError, "decode_attention: q must have dtype"),
-        BadInput({"k_cache": k.astype(np.float16)}, TypeError, "decode_attention: k_cache must have dtype"),
+        BadInput({"k_cache": k.astype(np.int32)}, TypeError, "decode_attention: k_cache must have dtype"),
+        BadInput({"v_cache": v.astype(np.float32)} if k.dtype.name == FP8 else {"k_cache": round_to(k, FP8)},
+                 TypeError, "decode_attention: v_cache must have dtype"),
         BadInput({"k_cache": k[0]}, ValueError, "decode_attention: k_cache must be 4-D"),
         BadInput({"v_cache": v[:, :-1]}, ValueError, "decode_attention: v_cache must have shape"),
         BadInput({"k_cache": k[..., :-1], "v_cache": v[..., :-1]}, ValueError, "decode_attention: k_cache must have"),
@@ -441,13 +461,16 @@ def bad_inputs(kwargs) -> list[BadInput]:
         BadInput({"block_table": table[:-1]}, ValueError, "decode_attention: block_table must have shape"),
         BadInput({"softmax_scale": "0.3"}, TypeError, "decode_attention: softmax_scale must be None or a finite"),
         BadInput({"softmax_scale": float("nan")}, ValueError, "decode_attention: softmax_scale must be None or a fin"),
+        BadInput({"k_scale": "2"}, TypeError, "decode_attention: k_scale must be None or a finite number"),
+        BadInput({"v_scale": float("inf")}, ValueError, "decode_attention: v_scale must be None or a finite number"),
         *not_arrays(NAME, "q", "k_cache", "v_cache", "cache_seqlens"),
     ]  # fmt: skip
 
 
 def plans(target: Target):
     """Every dtype at head dims 40 (padded, units of 8), 64, 128 and 256, contiguous and paged, for groups of up to
-    16 query heads; groups of 32 and 64 (MQA-like) at head dim 128; the unsplit kernel (one split) at head dim 128.
+    16 query heads; groups of 32 and 64 (MQA-like) at head dim 128; the unsplit kernel (one split) at head dim 128;
+    FP8 caches under 16-bit queries at head dim 128 on e4m3 targets.
     The split count of a split kernel is a runtime value."""
     for dtype in FLOAT_DTYPES:
         for head_dim in (40, 64, 128, 256):
@@ -457,13 +480,18 @@ def plans(target: Target):
             yield forward(2, group, 1, 128, 256, dtype=dtype, scale=None, target=target)
         yield forward(2, 8, 2, 128, 256, dtype=dtype, scale=None, target=target, page_size=16, tokens=4)
         yield forward(2, 8, 2, 128, 256, dtype=dtype, scale=None, target=target, num_splits=1)
+    if e4m3_target(target):  # FP8 caches
+        for dtype in ("bfloat16", "float16"):
+            for page_size in (None, 16):
+                yield forward(2, 8, 2, 128, 256, dtype=dtype, scale=None, target=target, page_size=page_size,
+                              cache_dtype=FP8, v_scale=0.5)  # fmt: skip
 
 
 INFO = register(
     OpInfo(
         name=NAME,
         sample=sample,
-        options={"paged": (True, False), "gqa": (3, 4, 1), "tokens": (3, 1)},
+        options={"paged": (True, False), "gqa": (3, 4, 1), "tokens": (3, 1), "fp8": (False, True)},
         reference=reference,
         reference_vjp=reference_vjp,
         grad_args=(),

@@ -93,7 +93,12 @@ def set_bfloat16_rounding(mode: str) -> None:
 
 
 def round_to(array: np.ndarray, dtype: str) -> np.ndarray:
-    """Round a float array to `dtype` ('float32', 'float16', 'bfloat16'), as the op's stored tensors are."""
+    """Round a float array to `dtype` ('float32', 'float16', 'bfloat16', 'float8_e4m3fn'), as the op's stored
+    tensors are."""
+    if dtype == "float8_e4m3fn":
+        import ml_dtypes
+
+        return np.asarray(array).astype(ml_dtypes.float8_e4m3fn)
     if dtype == "bfloat16":
         import ml_dtypes
 

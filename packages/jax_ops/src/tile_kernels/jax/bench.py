@@ -209,13 +209,15 @@ def grouped_matmul(x, weights, group_sizes):
     return jax.lax.ragged_dot(x, weights, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
-def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
+def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None, k_scale=None,
+                     v_scale=None):  # fmt: skip
     """The cache gathered (through the block table when paged) and masked past each length, heads expanded for GQA,
-    softmax in float32 (a sequence of length 0 gives 0)."""
+    softmax in float32 (a sequence of length 0 gives 0); FP8 caches times their scales in float32."""
     if block_table is not None:  # (B, max_pages * page_size, Hk, D)
         k_cache, v_cache = (c[block_table].reshape((q.shape[0], -1) + c.shape[2:]) for c in (k_cache, v_cache))
     group = q.shape[1] // k_cache.shape[2]
-    k, v = (jnp.repeat(c, group, axis=2).astype(jnp.float32) for c in (k_cache, v_cache))
+    scaled = ((k_cache, k_scale), (v_cache, v_scale))
+    k, v = (jnp.repeat(c, group, axis=2).astype(jnp.float32) * (x or 1.0) for c, x in scaled)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     s = jnp.einsum("bhd,bshd->bhs", q.astype(jnp.float32), k) * scale
     seen = jnp.arange(k.shape[1])[None, :] < cache_seqlens[:, None]
@@ -269,10 +271,10 @@ def _pallas(op: str):
         scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
         return pl_attention.mha(q, k, v, None, sm_scale=scale, causal=causal)
 
-    def decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
+    def decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None, k_scale=None, v_scale=None):
         # Pallas' paged_attention takes (Hk, pages, page, D) caches: a transpose in the timing would be unfair
-        if block_table is not None or q.ndim != 3:
-            raise NotImplementedError("Pallas' gqa: contiguous caches, one query token a sequence")
+        if block_table is not None or q.ndim != 3 or k_cache.dtype != q.dtype:
+            raise NotImplementedError("Pallas' gqa: contiguous caches in q's dtype, one query token a sequence")
         return pl_decode.gqa(q, k_cache, v_cache, kv_seq_len=cache_seqlens, sm_scale=softmax_scale)
 
     return {

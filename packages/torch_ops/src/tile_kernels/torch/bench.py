@@ -225,13 +225,14 @@ def grouped_matmul(x, weights, group_sizes):
     return out
 
 
-def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
+def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None, k_scale=None,
+                     v_scale=None):  # fmt: skip
     """The cache gathered (through the block table when paged) and masked past each length, heads expanded for GQA,
-    softmax in float32 (a sequence of length 0 gives 0)."""
+    softmax in float32 (a sequence of length 0 gives 0); FP8 caches times their scales in float32."""
     if block_table is not None:  # (B, max_pages * page_size, Hk, D)
         k_cache, v_cache = (c[block_table.long()].flatten(1, 2) for c in (k_cache, v_cache))
     group = q.shape[1] // k_cache.shape[2]
-    k, v = (c.float().repeat_interleave(group, 2) for c in (k_cache, v_cache))
+    k, v = (c.float().repeat_interleave(group, 2) * (x or 1.0) for c, x in ((k_cache, k_scale), (v_cache, v_scale)))
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     s = torch.einsum("bhd,bshd->bhs", q.float(), k) * scale
     seen = torch.arange(k.shape[1], device=q.device)[None, :] < cache_seqlens[:, None]
@@ -279,13 +280,16 @@ def _sdpa(backend: str):
     return attention
 
 
-def _sdpa_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None):
+def _sdpa_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None, k_scale=None, v_scale=None):
     """decode_attention through F.scaled_dot_product_attention over the padded cache (a paged cache gathered first,
-    as a caller without a paged kernel runs it): one query token a sequence, a length mask, GQA by enable_gqa."""
+    as a caller without a paged kernel runs it; FP8 caches widened to q's dtype times their scales first): one query
+    token a sequence, a length mask, GQA by enable_gqa."""
     if q.dim() != 3:
         raise NotImplementedError("SDPA over the padded cache: one query token a sequence")
     if block_table is not None:  # (B, max_pages * page_size, Hk, D)
         k_cache, v_cache = (c[block_table.long()].flatten(1, 2) for c in (k_cache, v_cache))
+    if k_cache.dtype != q.dtype:
+        k_cache, v_cache = (c.to(q.dtype) * (x or 1.0) for c, x in ((k_cache, k_scale), (v_cache, v_scale)))
     seen = torch.arange(k_cache.shape[1], device=q.device) < cache_seqlens[:, None]
     k, v = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     out = F.scaled_dot_product_attention(q[:, :, None], k, v, seen[:, None, None], scale=softmax_scale, enable_gqa=True)
