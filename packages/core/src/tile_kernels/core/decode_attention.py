@@ -68,9 +68,15 @@ def split_range(SEQLENS, b, seqlen_k, split, splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def cache_rows(BLOCK_TABLE, b, stride_bt, cols, col_ok, page_size, stride_page, stride_pos, PAGED: tl.constexpr):
-    """Element offsets of positions `cols` of sequence b in a cache: through the block table when PAGED (page
-    stride_page apart), else stride_pos apart from the sequence's base."""
+def cache_rows(BLOCK_TABLE, b, stride_bt, n0, cols, col_ok, page_size, stride_page, stride_pos, PAGED: tl.constexpr,
+               WHOLE_PAGES: tl.constexpr):  # fmt: skip
+    """Element offsets of the block of positions `cols` = n0 + arange(BLOCK_N) of sequence b in a cache: through the
+    block table when PAGED (page stride_page apart), else stride_pos apart from the sequence's base. WHOLE_PAGES
+    (page_size a multiple of BLOCK_N, n0 one of BLOCK_N): the block lies in one page, looked up once (a gather of a
+    page a position costs registers and a dependent load in every position's address)."""
+    if PAGED and WHOLE_PAGES:
+        page = tl.load(BLOCK_TABLE + b * stride_bt + n0 // page_size).to(tl.int64)
+        return page * stride_page + (cols - n0 + n0 % page_size).to(tl.int64) * stride_pos
     if PAGED:
         page = tl.load(BLOCK_TABLE + b * stride_bt + cols // page_size, mask=col_ok, other=0).to(tl.int64)
         return page * stride_page + (cols % page_size).to(tl.int64) * stride_pos
@@ -103,7 +109,7 @@ def decode_split_kernel(
     stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale, v_scale,
     PARTIAL_O, PARTIAL_LSE, OUT,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr, IEEE: tl.constexpr,
-    SPLIT: tl.constexpr, UNIT: tl.constexpr,
+    SPLIT: tl.constexpr, UNIT: tl.constexpr, WHOLE_PAGES: tl.constexpr,
 ):  # fmt: skip
     """Grid (B, Hk * cdiv(T * Hq / Hk, BLOCK_G), S). stride_kb / stride_vb: of the batch (contiguous) or of a page
     (PAGED). SPLIT (S > 1): PARTIAL_O (B, T, Hq, S, D) and PARTIAL_LSE (B, T, Hq, S) fp32, compact; else the output
@@ -139,8 +145,10 @@ def decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):  # a row may see none of a block's positions: its m stays -inf
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < end
-        k_rows = cache_rows(BLOCK_TABLE, b, stride_bt, cols, col_ok, page_size, stride_kb, stride_ks, PAGED)
-        v_rows = cache_rows(BLOCK_TABLE, b, stride_bt, cols, col_ok, page_size, stride_vb, stride_vs, PAGED)
+        k_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, cols, col_ok, page_size, stride_kb, stride_ks, PAGED,
+                            WHOLE_PAGES)  # fmt: skip
+        v_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, cols, col_ok, page_size, stride_vb, stride_vs, PAGED,
+                            WHOLE_PAGES)  # fmt: skip
         kt = tl.load(k_base + k_rows[None, :] + d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0)  # (D, N)
         kt = kt.to(q.dtype)  # FP8 codes widened (a no-op for caches in q's dtype)
         s = dot(q, kt, IEEE) * (scale * 1.4426950408889634)
@@ -324,12 +332,14 @@ def forward(
              head_dim, seqlen_k, page_size if paged else seqlen_k, stride_bt, *sq, *sk, *sv,
              default_scale(head_dim) if scale is None else float(scale), float(v_scale))  # fmt: skip
     writes = (None, None, "out") if splits == 1 else ("partial_o", "partial_lse", None)
+    constexprs = dict(BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, PAGED=paged, IEEE=ieee, SPLIT=splits > 1,
+                      WHOLE_PAGES=paged and page_size % block_n == 0)  # fmt: skip
     split = Launch(
         decode_split_kernel,
         (batch, heads_k * cdiv(rows, block_g), splits),
         reads,
         writes,
-        dict(BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, PAGED=paged, IEEE=ieee, SPLIT=splits > 1),
+        constexprs,
         warps,
         stages,
     )
@@ -469,7 +479,8 @@ def bad_inputs(kwargs) -> list[BadInput]:
 
 def plans(target: Target):
     """Every dtype at head dims 40 (padded, units of 8), 64, 128 and 256, contiguous and paged, for groups of up to
-    16 query heads; groups of 32 and 64 (MQA-like) at head dim 128; the unsplit kernel (one split) at head dim 128;
+    16 query heads; groups of 32 and 64 (MQA-like) and pages of 64 (WHOLE_PAGES) at head dim 128; the unsplit kernel
+    (one split) at head dim 128;
     FP8 caches under 16-bit queries at head dim 128 on e4m3 targets.
     The split count of a split kernel is a runtime value."""
     for dtype in FLOAT_DTYPES:
@@ -479,6 +490,7 @@ def plans(target: Target):
         for group in (32, 64):
             yield forward(2, group, 1, 128, 256, dtype=dtype, scale=None, target=target)
         yield forward(2, 8, 2, 128, 256, dtype=dtype, scale=None, target=target, page_size=16, tokens=4)
+        yield forward(2, 8, 2, 128, 256, dtype=dtype, scale=None, target=target, page_size=64)  # a block a page
         yield forward(2, 8, 2, 128, 256, dtype=dtype, scale=None, target=target, num_splits=1)
     if e4m3_target(target):  # FP8 caches
         for dtype in ("bfloat16", "float16"):
