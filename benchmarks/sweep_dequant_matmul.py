@@ -16,6 +16,7 @@ import itertools
 
 import torch
 import triton.testing
+from sweep_log import SweepLog
 
 import tile_kernels.torch as tk
 from tile_kernels.core import dequant_matmul as core
@@ -50,11 +51,7 @@ def main(argv=None):
     parser.add_argument("--m", type=int, action="append", help="rows of a (default: 1, 4, 16, 4096)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    lines = []
-
-    def say(line):
-        print(line, flush=True)
-        lines.append(line)
+    say = SweepLog(args.out)
 
     g = torch.Generator("cuda").manual_seed(0)
     qweight = torch.randint(-(2**31), 2**31 - 1, (K // 8, N), generator=g, device="cuda", dtype=torch.int32)
@@ -108,9 +105,7 @@ def main(argv=None):
             f"{cublas / ms:.2f}x cuBLAS")  # fmt: skip
         ms, best = min(results)
         say(f"BEST M {m}: {best} {ms * 1e3:.1f} us {cublas / ms:.2f}x cuBLAS")
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    say.save()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import functools
 import numpy as np
 import torch
 import triton.testing
+from sweep_log import SweepLog
 
 import tile_kernels.torch as tk
 from tile_kernels.core import fp8_quantize
@@ -37,11 +38,7 @@ def main() -> None:
     parser.add_argument("--tile", action="append", help="only this tile, as rows,columns,warps (repeatable)")
     args = parser.parse_args()
     tiles = [tuple(map(int, t.split(","))) for t in args.tile] if args.tile else TILES
-    lines = []
-
-    def emit(line: str) -> None:
-        print(line, flush=True)
-        lines.append(line)
+    emit = SweepLog(args.out)
 
     src = torch.empty(2**28, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -81,9 +78,7 @@ def main() -> None:
             emit(f"BEST {name} {x.shape[0]}x{k}: {best[1]} {best[0] * 1e3:.1f} us")
             fp8_quantize.ROW_TILE = default
             _runtime._cached_executor.cache_clear()
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    emit.save()
 
 
 if __name__ == "__main__":

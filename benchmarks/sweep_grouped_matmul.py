@@ -15,6 +15,7 @@ import argparse
 
 import torch
 import triton.testing
+from sweep_log import SweepLog
 
 import tile_kernels.torch as tk
 from tile_kernels.core import grouped_matmul as core
@@ -92,18 +93,12 @@ def main(argv=None):
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     shapes = [tuple(int(d) for d in s.split(",")) for s in args.shape] if args.shape else SHAPES
-    lines = []
-
-    def say(line):
-        print(line, flush=True)
-        lines.append(line)
+    say = SweepLog(args.out)
 
     say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     for shape in shapes:
         sweep(*shape, say)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    say.save()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import itertools
 
 import torch
 import triton.testing
+from sweep_log import SweepLog
 
 import tile_kernels.torch as tk
 from tile_kernels.core import matmul as core
@@ -72,11 +73,7 @@ def main(argv=None):
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     shapes = [tuple(int(d) for d in s.split(",")) for s in args.shape] if args.shape else SHAPES
-    lines = []
-
-    def say(line):
-        print(line, flush=True)
-        lines.append(line)
+    say = SweepLog(args.out)
 
     default = core.blocks
     say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
@@ -122,9 +119,7 @@ def main(argv=None):
         if results:
             ms, best = min(results)
             say(f"BEST {m}x{k}x{n}: {best} {ms * 1e3:.1f} us {cublas / ms:.2f}x cuBLAS")
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    say.save()
 
 
 if __name__ == "__main__":

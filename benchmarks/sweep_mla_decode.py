@@ -13,6 +13,7 @@ import itertools
 
 import torch
 import triton
+from sweep_log import SweepLog
 
 import tile_kernels.torch as tk
 from tile_kernels.core import mla_decode as core
@@ -44,11 +45,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     shapes = [tuple(map(int, s.split(","))) for s in args.shape or ("1,32768", "8,16384", "32,8192", "128,2048")]
     default = core.config
-    lines = []
-
-    def say(line):
-        print(line, flush=True)
-        lines.append(line)
+    say = SweepLog(args.out)
 
     for (batch, seqlen), paged in itertools.product(shapes, (True, False)):
         x = inputs(batch, seqlen, paged)
@@ -78,9 +75,7 @@ def main(argv=None):
             f"BEST {batch}x{seqlen} {'paged' if paged else 'contig'}: {best} {ms * 1e3:.1f} us "
             f"{flops / ms / 1e9:.0f} TFLOP/s"
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    say.save()
 
 
 if __name__ == "__main__":
