@@ -296,6 +296,44 @@ def _sdpa_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_s
     return out[:, :, 0]
 
 
+def _flashinfer_decode():
+    """FlashInfer's paged decode (BatchDecodeWithPagedKVCacheWrapper over the same NHD pages), planned at the first
+    call of a case (its host-side schedule: a serving engine plans once a step) and timed on run(). Sequences of
+    length 0 are outside its page table's convention (the benchmark's are full)."""
+    try:
+        import flashinfer
+    except ImportError:
+
+        def missing(**_):
+            raise NotImplementedError("flashinfer-python is not installed")
+
+        return missing
+    wrappers = {}
+
+    def decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None, k_scale=None, v_scale=None):
+        if block_table is None or q.dim() != 3:
+            raise NotImplementedError("FlashInfer's paged decode: paged caches, one query token a sequence")
+        key = (q.data_ptr(), k_cache.data_ptr(), block_table.data_ptr(), cache_seqlens.data_ptr())
+        if key not in wrappers:
+            page = k_cache.shape[1]
+            lengths = cache_seqlens.long().cpu()
+            pages = (lengths + page - 1) // page
+            indices = torch.cat([block_table[b, : int(n)] for b, n in enumerate(pages)]).int()
+            indptr = torch.cat([pages.new_zeros(1), pages.cumsum(0)]).int().to(q.device)
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                torch.empty(128 << 20, dtype=torch.uint8, device=q.device), "NHD"
+            )
+            wrapper.plan(indptr, indices, ((lengths - 1) % page + 1).int().to(q.device), q.shape[1], k_cache.shape[2],
+                         q.shape[2], page, q_data_type=q.dtype, kv_data_type=k_cache.dtype,
+                         sm_scale=softmax_scale)  # fmt: skip
+            wrappers.clear()
+            wrappers[key] = wrapper
+        scales = {} if k_cache.dtype == q.dtype else {"k_scale": k_scale, "v_scale": v_scale}
+        return wrappers[key].run(q, (k_cache, v_cache), **scales)
+
+    return decode
+
+
 def _dequantized_once(a, qweight, scales, group_size=128, zeros=None):
     """a @ W with W dequantized at the first call of these weights (cached by qweight's pointer): cuBLAS alone."""
     key = (qweight.data_ptr(), scales.data_ptr(), group_size)
@@ -488,7 +526,7 @@ class Provider:
             impls |= {"torch._scaled_mm (block scales)": _scaled_mm(True),
                       "torch._scaled_mm (per-tensor scales)": _scaled_mm(False)}  # fmt: skip
         if op == "decode_attention":
-            impls["sdpa (padded cache)"] = _sdpa_decode
+            impls |= {"sdpa (padded cache)": _sdpa_decode, "flashinfer": _flashinfer_decode()}
         if op == "dequant_matmul":  # the anchor: cuBLAS on the weight dequantized once, in a's dtype
             impls["torch.mm (dequantized weight)"] = _dequantized_once
         if op == "flash_attention_varlen":  # the benchmark's sequences have one length: the same work as a batch
