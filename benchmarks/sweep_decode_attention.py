@@ -1,0 +1,91 @@
+"""Sweep of decode_attention's split kernel (BLOCK_N, num_warps, num_stages) and split heuristic (PROGRAMS_PER_SM)
+on the current GPU: device time of CUDA-graph replays (triton.testing.do_bench_cudagraph) and % of the measured copy
+bandwidth for the KV bytes, Llama-3-8B's GQA (32 query heads over 8 KV heads, head dim 128, bf16), every sequence
+full, at the benchmark's batch x context sizes, contiguous and paged (pages of 16 and 64 in a shuffled block table),
+each configuration checked against the default's output. Prints one line per configuration, the best per case last.
+
+    python benchmarks/sweep_decode_attention.py [--size B,S ...] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import triton.testing
+from sweep_log import SweepLog
+
+import tile_kernels.torch as tk
+from tile_kernels.core import decode_attention as core
+from tile_kernels.core.bench import DECODE_SIZES
+from tile_kernels.torch import _runtime
+
+HQ, HK, D = 32, 8, 128
+LAYOUTS = (None, 16, 64)  # contiguous, then the page sizes
+CONFIGS = list(itertools.product((32, 64), (4, 8), (2, 3)))  # BLOCK_N, num_warps, num_stages
+PROGRAMS_PER_SM = (2, 4, 8)
+
+
+def inputs(batch, seqlen, page, g):
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
+
+    q, lengths = rnd(batch, HQ, D), torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
+    if page is None:
+        return q, rnd(batch, seqlen, HK, D), rnd(batch, seqlen, HK, D), lengths, None
+    pages = seqlen // page
+    table = torch.randperm(batch * pages, generator=g, device="cuda").to(torch.int32).view(batch, pages)
+    return q, rnd(batch * pages, page, HK, D), rnd(batch * pages, page, HK, D), lengths, table
+
+
+def copy_gbs() -> float:
+    src = torch.empty(1 << 29, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / triton.testing.do_bench_cudagraph(lambda: dst.copy_(src)) / 1e6
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", action="append", help="batch,context (default: the benchmark's DECODE_SIZES)")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    sizes = [tuple(map(int, s.split(","))) for s in args.size] if args.size else DECODE_SIZES
+    say = SweepLog(args.out)
+    copy = copy_gbs()
+    say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} "
+        "GB/s")  # fmt: skip
+    default_config, default_programs = core.config, core.PROGRAMS_PER_SM
+    g = torch.Generator("cuda").manual_seed(0)
+    for (batch, seqlen), page in itertools.product(sizes, LAYOUTS):
+        case = f"{batch}x{seqlen} {'contiguous' if page is None else f'page {page}'}"
+        x = inputs(batch, seqlen, page, g)
+        kv_gb = 2 * batch * seqlen * HK * D * 2 / 1e9
+        core.config, core.PROGRAMS_PER_SM = default_config, default_programs
+        _runtime._cached_executor.cache_clear()
+        want = tk.decode_attention(*x)
+        results = []
+        for (block_n, warps, stages), programs in itertools.product([None, *CONFIGS], PROGRAMS_PER_SM):
+            if block_n is None:  # the defaults' tiles under each split heuristic
+                core.config = default_config
+            else:
+                core.config = lambda *a, _c=(16, block_n, D, warps, stages), **k: _c
+            core.PROGRAMS_PER_SM = programs
+            _runtime._cached_executor.cache_clear()
+            label = f"{'default tiles' if block_n is None else (block_n, warps, stages)} programs/SM {programs}"
+            try:
+                err = (tk.decode_attention(*x).float() - want.float()).abs().max().item()
+                ms = triton.testing.do_bench_cudagraph(lambda x=x: tk.decode_attention(*x))
+            except Exception as e:  # a configuration that does not compile (shared memory, registers)
+                say(f"{case} {label}: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            results.append((ms, label))
+            say(f"{case} {label}: {ms * 1e3:.1f} us {kv_gb / ms * 1e3 / copy:.0%} of copy err {err:.3g}")
+        ms, label = min(results)
+        say(f"BEST {case}: {label} {ms * 1e3:.1f} us {kv_gb / ms * 1e3 / copy:.0%} of copy")
+    core.config, core.PROGRAMS_PER_SM = default_config, default_programs
+    say.save()
+
+
+if __name__ == "__main__":
+    main()
