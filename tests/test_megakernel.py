@@ -31,7 +31,7 @@ from tile_kernels.megakernel import (  # noqa: E402
     schedule,
 )
 from tile_kernels.megakernel.schedule import encode  # noqa: E402
-from tile_kernels.megakernel.weights import LAYER_WEIGHTS, layer_weights  # noqa: E402
+from tile_kernels.megakernel.weights import layer_tensors, layer_weights  # noqa: E402
 
 
 @st.composite
@@ -47,6 +47,7 @@ def problems(draw, max_layers=3):
         max_seq=draw(st.integers(1, 12)),
         rms_eps=1e-5,
         rope_theta=draw(st.sampled_from([10000.0, 500000.0])),
+        qkv_bias=draw(st.booleans()),
     )
     tiling = Tiling(
         qkv=draw(st.integers(1, 40)),
@@ -62,12 +63,11 @@ def random_weights(config, seed, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     out = {}
     for i in range(config.num_layers):
-        for _, (hf, shape_of) in LAYER_WEIGHTS.items():
-            shape = shape_of(config)
+        for short, hf, shape in layer_tensors(config):
             scale = 1.0 if len(shape) == 1 else shape[1] ** -0.5
-            # norms' weights around 1, projections ~ 1/sqrt(fan-in): activations stay O(1) across layers
+            # norms' weights around 1, biases around 0, projections ~ 1/sqrt(fan-in): activations stay O(1)
             w = torch.randn(shape, generator=g, dtype=torch.float64) * (0.3 if len(shape) == 1 else scale)
-            out[f"model.layers.{i}.{hf}.weight"] = (w + (1.0 if len(shape) == 1 else 0.0)).to(dtype)
+            out[f"model.layers.{i}.{hf}"] = (w + (1.0 if short.endswith("norm") else 0.0)).to(dtype)
     return out
 
 
@@ -299,6 +299,31 @@ LLAMA_3_2_1B = {
     "rope_theta": 500000.0,
     "tie_word_embeddings": True,
 }
+
+
+QWEN2_0_5B = {  # Qwen2-0.5B's config.json (the keys the mega-kernel reads): q / k / v biases, 14 heads over 2
+    "model_type": "qwen2",
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "max_position_embeddings": 32768,
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+}
+
+
+def test_config_from_hf_of_qwen2_has_qkv_biases():
+    c = DecoderConfig.from_hf(QWEN2_0_5B)
+    assert c.qkv_bias and (c.num_heads, c.num_kv_heads, c.head_dim, c.max_seq) == (14, 2, 64, 32768)
+    assert not DecoderConfig.from_hf(LLAMA_3_2_1B).qkv_bias
+    with pytest.raises(TypeError, match="qkv_bias must be a bool"):
+        DecoderConfig(**{**c.__dict__, "qkv_bias": 1})
+    names = [hf for _, hf, _ in layer_tensors(c)]
+    assert "self_attn.q_proj.bias" in names and "self_attn.o_proj.bias" not in names
 
 
 def test_config_from_hf_and_llama3_rope_scaling():
@@ -607,8 +632,9 @@ print(json.dumps([persistent, staged, traced]))
     # the release signal: a red (triton 3.9) or an atom whose result goes unused (triton 3.6)
     assert re.search(r"\b(red|atom)\.global\.gpu\.release\.add\.u32", persistent), "release add"
     # the weight tiles load as 16-byte vectors (a 2-byte load an element would cut the bandwidth several times; the
-    # few 2-byte loads are the bf16 input's and norm weights' chunks, about one element a thread)
-    assert "ld.global.v4.b32" in persistent and persistent.count("ld.global.b16") < 12
+    # few 2-byte loads are the bf16 input's, the norm weights' chunks and the q / k / v bias rows, about one element a
+    # thread)
+    assert "ld.global.v4.b32" in persistent and persistent.count("ld.global.b16") < 20
     assert "griddepcontrol.wait" in staged and "griddepcontrol.launch_dependents" in staged
     assert "cp.async.bulk.prefetch.L2.global" in staged and "ld.acquire" not in staged
 
@@ -623,24 +649,26 @@ def bf16_problem(config, seed, device="cuda"):
     gen = torch.Generator(device=device).manual_seed(seed)
     weights = {}
     for i in range(config.num_layers):
-        for hf, shape_of in LAYER_WEIGHTS.values():
-            shape = shape_of(config)
+        for short, hf, shape in layer_tensors(config):
             w = torch.randn(shape, generator=gen, device=device)
-            w = w * 0.3 + 1 if len(shape) == 1 else w * shape[1] ** -0.5
-            weights[f"model.layers.{i}.{hf}.weight"] = w.to(torch.bfloat16)
+            w = w * 0.3 + short.endswith("norm") if len(shape) == 1 else w * shape[1] ** -0.5
+            weights[f"model.layers.{i}.{hf}"] = w.to(torch.bfloat16)
     cache = (torch.randn(config.kv_cache_shape(), generator=gen, device=device) * 0.5).to(torch.bfloat16)
     x = torch.randn(1, config.hidden, generator=gen, device=device).to(torch.bfloat16)
     return weights, cache, x
 
 
 @gpu
-@pytest.mark.parametrize("shape", ["small", "llama-3.2-1b"])
+@pytest.mark.parametrize("shape", ["small", "llama-3.2-1b", "qwen2-0.5b"])
 def test_gpu_kernel_matches_the_eager_step_over_a_growing_context(shape):
     """The full-grid kernel on the GPU against the eager step: |kernel - ref64| <= 2 |eager bf16 - ref64| + atol,
-    several steps with a growing context, the KV cache rows too."""
+    several steps with a growing context, the KV cache rows too; Qwen2-0.5B's shape with its q / k / v biases."""
     if shape == "small":
         config = DecoderConfig(3, 256, 8, 2, 32, 512, 96)
         start, steps = 40, 4
+    elif shape == "qwen2-0.5b":
+        config = DecoderConfig.from_hf(QWEN2_0_5B, max_seq=600)
+        start, steps = 500, 4
     else:
         config = DecoderConfig.from_hf(LLAMA_3_2_1B, max_seq=1100)
         start, steps = 1020, 4

@@ -1,4 +1,5 @@
-"""Decoder configuration of an HF-Llama-layout model, as the mega-kernel needs it (batch 1 decode, no biases)."""
+"""Decoder configuration of an HF-Llama-layout model, as the mega-kernel needs it (batch 1 decode; biases only on
+q / k / v, as Qwen2 has them)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ class DecoderConfig:
     """Shapes of one decoder stack. `head_dim` must be even (rotary halves); `num_heads % num_kv_heads == 0` (GQA).
 
     `rope_scaling` is None or Llama-3's {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
-    "original_max_position_embeddings"}; `max_seq` is the KV cache capacity (positions 0 .. max_seq - 1)."""
+    "original_max_position_embeddings"}; `max_seq` is the KV cache capacity (positions 0 .. max_seq - 1);
+    `qkv_bias`: the q / k / v projections add biases (Qwen2), the other projections have none."""
 
     num_layers: int
     hidden: int
@@ -32,6 +34,7 @@ class DecoderConfig:
     rms_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: dict | None = field(default=None, compare=False)
+    qkv_bias: bool = False
 
     def __post_init__(self):
         for name in ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "intermediate", "max_seq"):
@@ -41,6 +44,8 @@ class DecoderConfig:
                 f"DecoderConfig: num_heads must be a multiple of num_kv_heads, got {self.num_heads} and "
                 f"{self.num_kv_heads}"
             )
+        if type(self.qkv_bias) is not bool:
+            raise TypeError(f"DecoderConfig: qkv_bias must be a bool, got {self.qkv_bias!r}")
         if self.head_dim % 2:
             raise ValueError(f"DecoderConfig: head_dim must be even (rotary halves), got {self.head_dim}")
         if not (self.rms_eps > 0 and self.rope_theta > 0):
@@ -94,7 +99,8 @@ class DecoderConfig:
 
     @classmethod
     def from_hf(cls, hf: dict, max_seq: int | None = None) -> DecoderConfig:
-        """From an HF Llama `config.json` dict. `max_seq` defaults to max_position_embeddings."""
+        """From an HF Llama or Qwen2 (model_type "qwen2": q / k / v biases) `config.json` dict. `max_seq` defaults to
+        max_position_embeddings."""
         if not isinstance(hf, dict):
             raise TypeError(f"DecoderConfig.from_hf: hf must be a dict, got {type(hf).__name__}")
         missing = [
@@ -123,4 +129,5 @@ class DecoderConfig:
             rms_eps=float(hf.get("rms_norm_eps", 1e-5)),
             rope_theta=float(hf.get("rope_theta", 10000.0)),
             rope_scaling=hf.get("rope_scaling"),
+            qkv_bias=hf.get("model_type") == "qwen2",
         )

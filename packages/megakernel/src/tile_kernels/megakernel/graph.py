@@ -5,7 +5,7 @@ waits for counters to reach thresholds before it starts, and adds 1 to exactly o
 threshold is the number of tasks that signal it (within one launch; a persistent kernel that never resets its counters
 compares with epoch x producers). Per layer l, with x[0] the input hidden and x[l + 1] the layer's output:
 
-    QKV      rows [lo, hi) of Wqkv (rms(x[l]) w_attn) -> qkv[l]      waits down[l-1] (every down tile of layer l-1)
+    QKV      rows [lo, hi) of Wqkv (rms(x[l]) w_attn) + bqkv -> qkv[l] waits down[l-1] (every down tile of layer l-1)
     ATTN     group g, KV split s: rope(q heads of g), rope(k_g), v_g, waits the qkv tiles that cover group g's rows
              then the online-softmax partial (o, m, l) over split s
              of the cached positions 0..position-1 (split 0 also takes
@@ -26,7 +26,8 @@ tile. The attention splits are combined once a group (COMBINE), a hop, rather th
 re-read S x Hq x (D + 2) partials each (39% of the SMs' busy time of a Llama-3.2-1B step when it did: the H200 trace
 in benchmarks/results/h200/notes.md). Design limits: batch 1; every intermediate buffer is written once per launch
 (per-layer scratch, so only read-after-write edges exist); Wqkv is packed group-major, [q heads of group g, k_g, v_g]
-for g = 0 .. Hk-1, so that an ATTN task waits on a contiguous run of QKV tiles; the KV splits are static and split s
+for g = 0 .. Hk-1 (its biases bqkv alike, zeros without qkv_bias), so that an ATTN task waits on a contiguous run of
+QKV tiles; the KV splits are static and split s
 covers positions [s c, (s + 1) c) of 0..position-1, c = ceil(position / splits) (a split past the end is empty)."""
 
 from __future__ import annotations
@@ -190,17 +191,19 @@ def build_graph(
         act = buf(f"act{L}", c.intermediate)
         w_an, w_mn = buf(f"w_attn_norm{L}", c.hidden, True), buf(f"w_mlp_norm{L}", c.hidden, True)
         wqkv, wo = buf(f"wqkv{L}", nqkv * c.hidden, True), buf(f"wo{L}", c.hidden * Hq * D, True)
+        bqkv = buf(f"wqkv_bias{L}", nqkv, True)
         wg, wu = buf(f"wgate{L}", c.intermediate * c.hidden, True), buf(f"wup{L}", c.intermediate * c.hidden, True)
         wd = buf(f"wdown{L}", c.hidden * c.intermediate, True)
 
         qkv_tiles = tiles(nqkv, t.qkv)
         for i, (lo, hi) in enumerate(qkv_tiles):
+            reads = [Region(x, 0, c.hidden), Region(w_an, 0, c.hidden), Region(wqkv, lo * c.hidden, hi * c.hidden)]
             add(
                 Kind.QKV,
                 layer,
                 lo,
                 hi,
-                [Region(x, 0, c.hidden), Region(w_an, 0, c.hidden), Region(wqkv, lo * c.hidden, hi * c.hidden)],
+                [*reads, Region(bqkv, lo, hi)],
                 [Region(qkv, lo, hi)],
                 [f"down[{layer - 1}]"] if layer else [],
                 f"qkv{L}.{i}",
@@ -294,6 +297,10 @@ def pack_weights(config: DecoderConfig, layers: list[dict]) -> dict:
         k = w["k"].reshape(c.num_kv_heads, D, c.hidden)
         v = w["v"].reshape(c.num_kv_heads, D, c.hidden)
         out[f"wqkv[{i}]"] = torch.cat([q, k, v], dim=1).reshape(-1).contiguous()
+        zeros = w["q"].new_zeros  # a layer without biases: zeros, so that every step adds them alike
+        bq = w.get("q_bias", zeros(c.q_size)).reshape(c.num_kv_heads, G * D)
+        bk, bv = (w.get(n, zeros(c.kv_size)).reshape(c.num_kv_heads, D) for n in ("k_bias", "v_bias"))
+        out[f"wqkv_bias[{i}]"] = torch.cat([bq, bk, bv], dim=1).reshape(-1).contiguous()
         for short, name in (
             ("attn_norm", "w_attn_norm"),
             ("mlp_norm", "w_mlp_norm"),

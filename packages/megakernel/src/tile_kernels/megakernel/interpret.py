@@ -33,7 +33,7 @@ def _run_task(c: DecoderConfig, S: int, t: Task, b: dict, kv: torch.Tensor, pos:
     D, G, Hq, H, L = c.head_dim, c.group, c.num_heads, c.hidden, f"[{t.layer}]"
     if t.kind == Kind.QKV:
         n1 = _rms(c, b[f"x{L}"], b[f"w_attn_norm{L}"])
-        b[f"qkv{L}"][t.lo : t.hi] = b[f"wqkv{L}"].view(-1, H)[t.lo : t.hi] @ n1
+        b[f"qkv{L}"][t.lo : t.hi] = b[f"wqkv{L}"].view(-1, H)[t.lo : t.hi] @ n1 + b[f"wqkv_bias{L}"][t.lo : t.hi]
     elif t.kind == Kind.ATTN:
         g, s = t.lo, t.split
         lo, hi = qkv_rows_of_group(c, g)

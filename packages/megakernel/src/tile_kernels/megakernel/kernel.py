@@ -41,7 +41,8 @@ Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and K
          tile_budget elements, each reduced at once into a (BN,) fp32 accumulator, the next tile loaded before the
          current one is multiplied (Triton pipelines no load that feeds no dot; _gemv gives the design). QKV and
          GATEUP normalize their input on the fly (r = rsqrt(mean(v^2) + eps) from one pass over the hidden vector,
-         then each chunk times r and the norm weight: no NORM task, no hop). OPROJ multiplies the combined attention
+         then each chunk times r and the norm weight: no NORM task, no hop; QKV adds its rows' biases, zeros for a
+         model without them). OPROJ multiplies the combined attention
          output ao. DOWN and OPROJ add the residual rows; GATEUP streams its two matrices in one loop.
   ATTN   group g, split s: rotates the group's q heads and k_g (the two rotary halves kept apart, cos/sin read from a
          (max_seq, D/2) table computed in float64 at build: fp32 angles lose ~1e-2 rad at position 1e5); split 0
@@ -85,10 +86,10 @@ from .schedule import TASK_FIELDS, Schedule, encode
 
 # rows of the offset table OFFS (buffer, layer): scratch buffers index the float32 arena A, weights the arena W
 SCRATCH = ("x", "h", "qkv", "att", "act", "ao")
-WEIGHTS = ("w_attn_norm", "w_mlp_norm", "wqkv", "wo", "wgate", "wup", "wdown")
+WEIGHTS = ("w_attn_norm", "w_mlp_norm", "wqkv", "wo", "wgate", "wup", "wdown", "wqkv_bias")
 BUFFERS = SCRATCH + WEIGHTS
 B_X, B_H, B_QKV, B_ATT, B_ACT, B_AO = (tl.constexpr(i) for i in range(len(SCRATCH)))
-B_WAN, B_WMN, B_WQKV, B_WO, B_WG, B_WU, B_WD = (tl.constexpr(len(SCRATCH) + i) for i in range(len(WEIGHTS)))
+B_WAN, B_WMN, B_WQKV, B_WO, B_WG, B_WU, B_WD, B_BQKV = (tl.constexpr(len(SCRATCH) + i) for i in range(len(WEIGHTS)))
 NF = tl.constexpr(len(TASK_FIELDS))
 ALIGN = tl.constexpr(64)  # elements: every buffer's offset in its arena (128-byte lines for 16-bit weights)
 ERR_FIELDS = ("flag", "program", "task", "counter", "value", "expected")
@@ -311,6 +312,7 @@ def _task(
             w = w_next
             v = v_next
             g = g_next
+        acc += tl.load(_ptr(W, OFFS, B_BQKV, layer, NL1) + rows, mask=rows < hi, other=0.0).to(tl.float32)
         tl.store(_ptr(A, OFFS, B_QKV, layer, NL1) + rows, acc, mask=rows < hi)
     elif kind == 1:  # ATTN of group g = lo, split s (graph.py): rope, the new KV row, (o, m, l) over the split
         i = tl.arange(0, BLOCK_DH)  # the two rotary halves are kept apart: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)

@@ -1,7 +1,8 @@
 """The ground truth: a plain torch eager decode step of an HF-Llama-layout decoder stack (batch 1, one new token).
 
 Per layer, with x the residual stream (hidden,) and the token at `position` (the cache holds positions < position):
-    n = rms(x) * w_attn;  q, k, v = Wq n, Wk n, Wv n;  q, k = rope(q, position), rope(k, position)
+    n = rms(x) * w_attn;  q, k, v = Wq n + bq, Wk n + bk, Wv n + bv (biases: qkv_bias, else none)
+    q, k = rope(q, position), rope(k, position)
     cache[l, :, position] = k, v;  a_h = softmax(q_h K_g^T / sqrt(D)) V_g over positions 0..position (g = h // group)
     x = x + Wo a;  m = rms(x) * w_mlp;  x = x + Wd (silu(Wg m) * Wu m)
 rms(x) = x / sqrt(mean(x^2) + eps); rope is GPT-NeoX's half split: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
@@ -75,9 +76,10 @@ def decode_step(
     x = hidden.reshape(c.hidden).to(dtype)
     for i, w in enumerate(layers):
         n = rms(x, w["attn_norm"])
-        q = rope((w["q"].to(dtype) @ n).view(c.num_heads, D))
-        k = rope((w["k"].to(dtype) @ n).view(c.num_kv_heads, D))
-        v = (w["v"].to(dtype) @ n).view(c.num_kv_heads, D)
+        q, k, v = (w[p].to(dtype) @ n + (w[f"{p}_bias"].to(dtype) if c.qkv_bias else 0) for p in ("q", "k", "v"))
+        q = rope(q.view(c.num_heads, D))
+        k = rope(k.view(c.num_kv_heads, D))
+        v = v.view(c.num_kv_heads, D)
         kv_cache[i, 0, position] = k.to(kv_cache.dtype)
         kv_cache[i, 1, position] = v.to(kv_cache.dtype)
         keys = kv_cache[i, 0, : position + 1].to(dtype).repeat_interleave(G, dim=1)  # (S, Hq, D)

@@ -1,4 +1,5 @@
-"""HF-Llama weight names and shapes: `model.layers.{i}.<name>.weight` (the `model.` prefix optional)."""
+"""HF-Llama weight names and shapes: `model.layers.{i}.<name>.weight` (the `model.` prefix optional), and Qwen2's
+q / k / v biases `model.layers.{i}.<name>.bias` where the config has them (qkv_bias)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,19 @@ LAYER_WEIGHTS = {
     "up": ("mlp.up_proj", lambda c: (c.intermediate, c.hidden)),
     "down": ("mlp.down_proj", lambda c: (c.hidden, c.intermediate)),
 }
+QKV_BIASES = {
+    "q_bias": ("self_attn.q_proj", lambda c: (c.q_size,)),
+    "k_bias": ("self_attn.k_proj", lambda c: (c.kv_size,)),
+    "v_bias": ("self_attn.v_proj", lambda c: (c.kv_size,)),
+}
+
+
+def layer_tensors(config: DecoderConfig) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(short name, HF name inside a layer with its .weight / .bias suffix, shape) of every tensor a layer has."""
+    out = [(short, f"{hf}.weight", shape_of(config)) for short, (hf, shape_of) in LAYER_WEIGHTS.items()]
+    if config.qkv_bias:
+        out += [(short, f"{hf}.bias", shape_of(config)) for short, (hf, shape_of) in QKV_BIASES.items()]
+    return out
 
 
 def layer_weights(config: DecoderConfig, weights: dict) -> list[dict]:
@@ -28,15 +42,15 @@ def layer_weights(config: DecoderConfig, weights: dict) -> list[dict]:
     layers, dtype, device = [], None, None
     for i in range(config.num_layers):
         layer = {}
-        for short, (hf, shape_of) in LAYER_WEIGHTS.items():
-            name = f"model.layers.{i}.{hf}.weight"
+        for short, hf, shape in layer_tensors(config):
+            name = f"model.layers.{i}.{hf}"
             t = weights.get(name, weights.get(name[len("model.") :]))
             if t is None:
                 raise ValueError(f"weights: missing {name!r} (or without the 'model.' prefix)")
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"weights[{name!r}] must be a torch.Tensor, got {type(t).__name__}")
-            if tuple(t.shape) != shape_of(config):
-                raise ValueError(f"weights[{name!r}]: expected shape {shape_of(config)}, got {tuple(t.shape)}")
+            if tuple(t.shape) != shape:
+                raise ValueError(f"weights[{name!r}]: expected shape {shape}, got {tuple(t.shape)}")
             if dtype is None:
                 dtype, device = t.dtype, t.device
                 if not t.dtype.is_floating_point:
