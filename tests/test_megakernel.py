@@ -618,7 +618,7 @@ print(json.dumps([persistent, staged, traced]))
 """
     # Llama-3.2-1B's meta at 132 SMs and the default tile budget (16384 elements)
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, BK_O=1024, BN_GU=64, BK_GU=128, BN_D=16,
-                BK_D=1024, BLOCK_S=16, BLOCK_T=64, BLOCK_G=16, BLOCK_DH=32, IEEE=False, PF_CHUNKS=256,
+                BK_D=1024, BLOCK_S=16, BLOCK_T=64, BLOCK_G=16, BLOCK_DH=32, PF_CHUNKS=256,
                 PF_BYTES=1024, INTERPRET=False, DEBUG=False, PREFETCH=True)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", code, json.dumps(meta)], capture_output=True, text=True, env=env,

@@ -214,10 +214,10 @@ def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    """a @ b, fp32 accumulation: 16-bit operands on tensor cores; IEEE (fp32 / fp64 caches, and bfloat16 in Triton's
-    interpreter, whose tl.dot multiplies raw 16-bit patterns) at full precision, 16-bit operands upcast first."""
-    if IEEE:
+def _dot(a, b, INTERPRET: tl.constexpr):
+    """a @ b, fp32 accumulation: 16-bit operands on tensor cores; fp32 / fp64 ones (the cache's dtype), and 16-bit
+    ones in Triton's interpreter (whose tl.dot multiplies raw bfloat16 patterns, upcast first), at full precision."""
+    if INTERPRET or a.dtype.primitive_bitwidth >= 32:
         if a.dtype.primitive_bitwidth < 32:
             a, b = a.to(tl.float32), b.to(tl.float32)
         return tl.dot(a, b, input_precision="ieee")
@@ -291,7 +291,7 @@ def _task(
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_DH: tl.constexpr,
-    IEEE: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     """One task (graph.py's table of kinds); `kind` is a constexpr in staged launches (one body compiled)."""
     NL1 = NL + 1
@@ -361,14 +361,14 @@ def _task(
             kb = tl.load(kbase + kt + D // 2, mask=ktm, other=0.0, cache_modifier=".cg")
             va = tl.load(vbase + off, mask=km, other=0.0, cache_modifier=".cg")
             vb = tl.load(vbase + off + D // 2, mask=km, other=0.0, cache_modifier=".cg")
-            sc = _dot(qa, ka, IEEE) + _dot(qb, kb, IEEE)
+            sc = _dot(qa, ka, INTERPRET) + _dot(qb, kb, INTERPRET)
             sc = tl.where(tm[None, :], sc, float("-inf"))  # (G, T)
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # finite: every block holds a position
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(sc - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            o1 = o1 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), va, IEEE)
-            o2 = o2 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), vb, IEEE)
+            o1 = o1 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), va, INTERPRET)
+            o2 = o2 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), vb, INTERPRET)
             m_i = m_new
         rec = _ptr(A, OFFS, B_ATT, layer, NL1) + (split * HQ + lo * G + jg) * (D + 2)  # (split, head, [o, m, l])
         tl.store(rec[:, None] + i[None, :], o1, mask=qm)
@@ -554,7 +554,6 @@ def decode_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_DH: tl.constexpr,
-    IEEE: tl.constexpr,
     PF_CHUNKS: tl.constexpr,
     PF_BYTES: tl.constexpr,
     MODE: tl.constexpr,
@@ -586,7 +585,7 @@ def decode_kernel(
             tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
               eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
-              BLOCK_G, BLOCK_DH, IEEE)  # fmt: skip
+              BLOCK_G, BLOCK_DH, INTERPRET)  # fmt: skip
     else:
         alive = pid * 0 + 1
         for i in range(tl.load(QPTR + pid), tl.load(QPTR + pid + 1)):
@@ -614,7 +613,7 @@ def decode_kernel(
                         tl.store(TRACE + 4 * t + 1, _now(i, 1, INTERPRET))
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
                           MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
-                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_DH, IEEE)  # fmt: skip
+                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_DH, INTERPRET)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
                         tl.store(TRACE + 4 * t + 2, _now(i, 2, INTERPRET))
@@ -774,7 +773,6 @@ class Megakernel:
             BLOCK_T=ATTN_BLOCK_T,
             BLOCK_G=max(16, _pow2(c.group)),  # tl.dot's operands: >= 16 along every dimension
             BLOCK_DH=max(16, _pow2(c.head_dim // 2)),
-            IEEE=self.interpret or self.W.element_size() >= 4,
             PF_CHUNKS=32 * num_warps,  # one chunk a thread
             PF_BYTES=max(16, -(-max_bytes // (32 * num_warps * 16)) * 16),
             INTERPRET=self.interpret,
