@@ -1,8 +1,9 @@
 """Sweep of decode_attention's split kernel (BLOCK_N, num_warps, num_stages) and split heuristic (PROGRAMS_PER_SM)
-on the current GPU: device time of CUDA-graph replays (triton.testing.do_bench_cudagraph) and % of the measured copy
-bandwidth for the KV bytes, Llama-3-8B's GQA (32 query heads over 8 KV heads, head dim 128, bf16), every sequence
-full, at the benchmark's batch x context sizes, contiguous and paged (pages of 16 and 64 in a shuffled block table),
-each configuration checked against the default's output. Prints one line per configuration, the best per case last.
+on the current GPU: device time of CUDA-graph replays (triton.testing.do_bench_cudagraph) and % of the copy bandwidth
+`tile-kernels bench` measures, for the KV bytes, Llama-3-8B's GQA (32 query heads over 8 KV heads, head dim 128,
+bf16), every sequence full, at the benchmark's batch x context sizes, contiguous and paged (pages of 16 and 64 in a
+shuffled block table), each configuration checked against the default's output. Prints one line per configuration,
+the best per case last.
 
     python benchmarks/sweep_decode_attention.py [--size B,S ...] [--out FILE]
 """
@@ -20,6 +21,7 @@ import tile_kernels.torch as tk
 from tile_kernels.core import decode_attention as core
 from tile_kernels.core.bench import DECODE_SIZES
 from tile_kernels.torch import _runtime
+from tile_kernels.torch.bench import _copy_gbs
 
 HQ, HK, D = 32, 8, 128
 LAYOUTS = (None, 16, 64)  # contiguous, then the page sizes
@@ -39,12 +41,6 @@ def inputs(batch, seqlen, page, g):
     return q, rnd(batch * pages, page, HK, D), rnd(batch * pages, page, HK, D), lengths, table
 
 
-def copy_gbs() -> float:
-    src = torch.empty(1 << 29, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / triton.testing.do_bench_cudagraph(lambda: dst.copy_(src)) / 1e6
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", action="append", help="batch,context (default: the benchmark's DECODE_SIZES)")
@@ -52,7 +48,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     sizes = [tuple(map(int, s.split(","))) for s in args.size] if args.size else DECODE_SIZES
     say = SweepLog(args.out)
-    copy = copy_gbs()
+    copy = _copy_gbs(torch.device("cuda"))  # the bench's copy ceiling
     say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} "
         "GB/s")  # fmt: skip
     default_config, default_programs = core.config, core.PROGRAMS_PER_SM
