@@ -1,11 +1,12 @@
 """Sweep of decode_attention's split kernel (BLOCK_N, num_warps, num_stages) and split heuristic (PROGRAMS_PER_SM)
 on the current GPU: device time of CUDA-graph replays (triton.testing.do_bench_cudagraph) and % of the copy bandwidth
 `tile-kernels bench` measures, for the KV bytes, Llama-3-8B's GQA (32 query heads over 8 KV heads, head dim 128,
-bf16), every sequence full, at the benchmark's batch x context sizes, contiguous and paged (pages of 16 and 64 in a
-shuffled block table), each configuration checked against the default's output. Prints one line per configuration,
-the best per case last.
+bf16; --fp8: FP8 e4m3 caches with per-tensor scales), every sequence full, at the benchmark's batch x context sizes,
+contiguous and paged (pages of 16 and 64 in a shuffled block table), each configuration checked against the default's
+output. Prints one line per configuration, the best per case last.
 
-    python benchmarks/sweep_decode_attention.py [--size B,S ...] [--out FILE]
+    python benchmarks/sweep_decode_attention.py [--size B,S ...] [--layout contiguous|16|64 ...] [--programs N ...]
+        [--fp8] [--out FILE]
 """
 
 from __future__ import annotations
@@ -25,43 +26,54 @@ from tile_kernels.torch.bench import _copy_gbs
 
 HQ, HK, D = 32, 8, 128
 LAYOUTS = (None, 16, 64)  # contiguous, then the page sizes
-CONFIGS = list(itertools.product((32, 64), (4, 8), (2, 3)))  # BLOCK_N, num_warps, num_stages
+CONFIGS = list(itertools.product((32, 64, 128), (4, 8), (2, 3)))  # BLOCK_N, num_warps, num_stages
 PROGRAMS_PER_SM = (2, 4, 8)
 
 
-def inputs(batch, seqlen, page, g):
-    def rnd(*shape):
-        return torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
+def inputs(batch, seqlen, page, g, fp8=False):
+    """(args, kwargs) of decode_attention: FP8 caches hold 4 x standard normals with k_scale 0.25, v_scale 0.5."""
 
+    def rnd(*shape, cache=False):
+        x = torch.randn(*shape, generator=g, device="cuda")
+        return (x * 4).to(torch.float8_e4m3fn) if cache and fp8 else x.to(torch.bfloat16)
+
+    scales = {"k_scale": 0.25, "v_scale": 0.5} if fp8 else {}
     q, lengths = rnd(batch, HQ, D), torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
     if page is None:
-        return q, rnd(batch, seqlen, HK, D), rnd(batch, seqlen, HK, D), lengths, None
+        return (q, rnd(batch, seqlen, HK, D, cache=True), rnd(batch, seqlen, HK, D, cache=True), lengths, None), scales
     pages = seqlen // page
     table = torch.randperm(batch * pages, generator=g, device="cuda").to(torch.int32).view(batch, pages)
-    return q, rnd(batch * pages, page, HK, D), rnd(batch * pages, page, HK, D), lengths, table
+    kv = (rnd(batch * pages, page, HK, D, cache=True) for _ in range(2))
+    return (q, *kv, lengths, table), scales
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", action="append", help="batch,context (default: the benchmark's DECODE_SIZES)")
+    parser.add_argument("--layout", action="append", help="contiguous or a page size (default: contiguous, 16, 64)")
+    parser.add_argument("--programs", action="append", type=int, help=f"PROGRAMS_PER_SM (default {PROGRAMS_PER_SM})")
+    parser.add_argument("--fp8", action="store_true", help="FP8 e4m3 caches")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     sizes = [tuple(map(int, s.split(","))) for s in args.size] if args.size else DECODE_SIZES
+    layouts = [None if x == "contiguous" else int(x) for x in args.layout] if args.layout else LAYOUTS
+    cache_bytes = 1 if args.fp8 else 2
     say = SweepLog(args.out)
     copy = _copy_gbs(torch.device("cuda"))  # the bench's copy ceiling
     say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} "
-        "GB/s")  # fmt: skip
+        f"GB/s, {'FP8 e4m3' if args.fp8 else 'bf16'} caches")  # fmt: skip
     default_config, default_programs = core.config, core.PROGRAMS_PER_SM
     g = torch.Generator("cuda").manual_seed(0)
-    for (batch, seqlen), page in itertools.product(sizes, LAYOUTS):
+    for (batch, seqlen), page in itertools.product(sizes, layouts):
         case = f"{batch}x{seqlen} {'contiguous' if page is None else f'page {page}'}"
-        x = inputs(batch, seqlen, page, g)
-        kv_gb = 2 * batch * seqlen * HK * D * 2 / 1e9
+        x, kw = inputs(batch, seqlen, page, g, args.fp8)
+        kv_gb = 2 * batch * seqlen * HK * D * cache_bytes / 1e9
         core.config, core.PROGRAMS_PER_SM = default_config, default_programs
         _runtime._cached_executor.cache_clear()
-        want = tk.decode_attention(*x)
+        want = tk.decode_attention(*x, **kw)
         results = []
-        for (block_n, warps, stages), programs in itertools.product([None, *CONFIGS], PROGRAMS_PER_SM):
+        configs = [(None, None, None), *CONFIGS]  # None: the default tiles
+        for (block_n, warps, stages), programs in itertools.product(configs, args.programs or PROGRAMS_PER_SM):
             if block_n is None:  # the defaults' tiles under each split heuristic
                 core.config = default_config
             else:
@@ -70,8 +82,8 @@ def main(argv=None):
             _runtime._cached_executor.cache_clear()
             label = f"{'default tiles' if block_n is None else (block_n, warps, stages)} programs/SM {programs}"
             try:
-                err = (tk.decode_attention(*x).float() - want.float()).abs().max().item()
-                ms = triton.testing.do_bench_cudagraph(lambda x=x: tk.decode_attention(*x))
+                err = (tk.decode_attention(*x, **kw).float() - want.float()).abs().max().item()
+                ms = triton.testing.do_bench_cudagraph(lambda x=x, kw=kw: tk.decode_attention(*x, **kw))
             except Exception as e:  # a configuration that does not compile (shared memory, registers)
                 say(f"{case} {label}: {type(e).__name__}: {str(e)[:120]}")
                 continue

@@ -142,6 +142,22 @@ def test_gqa_ratios(driver, heads_q, heads_k):
         assert_close(f"{heads_q}/{heads_k} {dtype}", driver.call(da.NAME, kwargs)[0], da.reference(**kwargs)[0], dtype)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fp8_cache_reads_every_e4m3_code_as_its_value(driver, dtype):
+    """One cached position: the output is that position's V, so each finite e4m3 code (both signs, the denormals,
+    +-448; not the NaN codes 0x7f / 0xff) comes back exactly as its value in q's dtype, as the GPU's integer widening
+    of the codes must give."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(12)
+    codes = rng.permutation(np.setdiff1d(np.arange(256), [0x7F, 0xFF])).astype(np.uint8)  # 254 codes
+    v = np.concatenate([codes, codes[:2]]).view(ml_dtypes.float8_e4m3fn).reshape(2, 1, 1, 128)
+    kwargs = _contiguous(rng, [1, 1], 1, 3, 1, 128, dtype)
+    kwargs["k_cache"], kwargs["v_cache"] = round_to(kwargs["k_cache"], "float8_e4m3fn"), v
+    (got,) = driver.call(da.NAME, kwargs)
+    np.testing.assert_array_equal(got.astype(np.float64), np.broadcast_to(v.astype(np.float64)[:, 0], got.shape))
+
+
 def test_pages_of_256_and_an_explicit_scale(driver):
     """Pages of 256 positions (lengths around the page boundary), head dim 40 (padded to 64, 8-element units), an
     explicit softmax_scale."""
@@ -244,8 +260,7 @@ def test_torch_opcheck_and_compile():
     ops = torch.ops.tile_kernels
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
-    # test_schema compares the inputs after the call with arithmetic torch lacks for float8 on the CPU
-    fp8_utils = utils[1:] if dev == "cpu" else utils
+    fp8_utils = utils[1:]  # test_schema compares the inputs after the call with allclose, which torch lacks for float8
     for op, args, checks in [
         (ops.decode_attention_fwd.default, (q, k, v, lengths, table, 0.2, 1.0), utils),
         (ops.decode_attention_fwd.default, (q, k[:3], v[:3], lengths, None, 0.2, 1.0), utils),

@@ -54,13 +54,14 @@ def test_panel_order_covers_every_tile(monkeypatch, panel):
               "weights": (rng.standard_normal((len(sizes), k, n)) / np.sqrt(k)).astype(np.float32),
               "group_sizes": np.array(sizes, np.int32)}  # fmt: skip
     dy = rng.standard_normal((t, n)).astype(np.float32)
-    x, w, g = (torch.from_numpy(kwargs[name]) for name in ("x", "weights", "group_sizes"))
+    dev = "cuda" if DEVICE == "gpu" else "cpu"
+    x, w, g = (torch.from_numpy(kwargs[name]).to(dev) for name in ("x", "weights", "group_sizes"))
     target = Target(num_sms=4)
     (out,) = Executor(gm.forward(t, k, n, len(sizes), dtype="float32", target=target))(x, w, g, device=x.device)
-    assert_close("grouped_matmul", out.double().numpy(), gm.reference(**kwargs)[0], "float32")
+    assert_close("grouped_matmul", out.double().cpu().numpy(), gm.reference(**kwargs)[0], "float32")
     plan = gm.backward(t, k, n, len(sizes), dtype="float32", target=target)
-    dx, _ = Executor(plan)(torch.from_numpy(dy), x, w, g, device=x.device)
-    assert_close("dx", dx.double().numpy(), gm.reference_vjp(kwargs, (dy,))["x"], "float32")
+    dx, _ = Executor(plan)(torch.from_numpy(dy).to(dev), x, w, g, device=x.device)
+    assert_close("dx", dx.double().cpu().numpy(), gm.reference_vjp(kwargs, (dy,))["x"], "float32")
 
 
 @needs_jax

@@ -103,13 +103,48 @@ def finish(acc, m_i, l_i):
     return out, tl.where(empty, -float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
 
 
+# FP8 e4m3 codes x = s eeee mmm widened with integer ops and one multiply a pair of values, not cvt (F2F runs at a
+# quarter of the ALU rate on sm_90 and bounded the FP8 kernel): prmt puts codes 0 and 1 (2 and 3) in the high bytes
+# of the two halves, the sign stays at bit 15 and eeeemmm moves to the top of the wider format's exponent and mantissa
+# (>> 4 for bf16, >> 1 for fp16, masked). That reads as the value x 2^-120 (bf16) or 2^-8 (fp16), denormals included,
+# and a multiply by the power of two (0x7B80 = 2^120, 0x5C00 = 2^8; -0 added) restores it exactly. lop3's 0xea:
+# (a & b) | c. The NaN codes (0x7f / 0xff) read as +-480.
+_WIDEN_E4M3 = (  # one line: torch.compile copies the kernel's globals into its generated source
+    "{{ .reg .b32 a, b, p, z; mov.b32 p, {power}; mov.b32 z, 0x80008000; "
+    "prmt.b32 a, $2, 0, 0x1404; prmt.b32 b, $2, 0, 0x3424; shr.b32 $0, a, {shift}; shr.b32 $1, b, {shift}; "
+    "and.b32 $0, $0, {mask}; and.b32 $1, $1, {mask}; lop3.b32 $0, a, 0x80008000, $0, 0xea; "
+    "lop3.b32 $1, b, 0x80008000, $1, 0xea; fma.rn.{ty} $0, $0, p, z; fma.rn.{ty} $1, $1, p, z; }}"
+)
+WIDEN_E4M3_BF16: tl.constexpr = tl.constexpr(
+    _WIDEN_E4M3.format(shift=4, mask="0x07F007F0", ty="bf16x2", power="0x7B807B80")
+)
+WIDEN_E4M3_F16: tl.constexpr = tl.constexpr(
+    _WIDEN_E4M3.format(shift=1, mask="0x3F803F80", ty="f16x2", power="0x5C005C00")
+)
+
+
+@triton.jit
+def widen(codes, dtype: tl.constexpr, E4M3_ASM: tl.constexpr):
+    """Cache values as `dtype` (q's): FP8 e4m3 codes through the integer widening above where E4M3_ASM (NVIDIA
+    sm_89+), else a cast (a no-op for caches in q's dtype)."""
+    if E4M3_ASM:
+        bits = codes.to(tl.uint8, bitcast=True)
+        if dtype == tl.bfloat16:
+            out = tl.inline_asm_elementwise(WIDEN_E4M3_BF16, "=r,=r,r", [bits], tl.bfloat16, is_pure=True, pack=4)
+        else:
+            out = tl.inline_asm_elementwise(WIDEN_E4M3_F16, "=r,=r,r", [bits], tl.float16, is_pure=True, pack=4)
+    else:
+        out = codes.to(dtype)
+    return out
+
+
 @triton.jit
 def decode_split_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, tokens, heads_q, heads_k, head_dim, seqlen_k, page_size, stride_bt,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale, v_scale,
     PARTIAL_O, PARTIAL_LSE, OUT,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr, IEEE: tl.constexpr,
-    SPLIT: tl.constexpr, UNIT: tl.constexpr, WHOLE_PAGES: tl.constexpr,
+    SPLIT: tl.constexpr, UNIT: tl.constexpr, WHOLE_PAGES: tl.constexpr, E4M3_ASM: tl.constexpr,
 ):  # fmt: skip
     """Grid (B, Hk * cdiv(T * Hq / Hk, BLOCK_G), S). stride_kb / stride_vb: of the batch (contiguous) or of a page
     (PAGED). SPLIT (S > 1): PARTIAL_O (B, T, Hq, S, D) and PARTIAL_LSE (B, T, Hq, S) fp32, compact; else the output
@@ -150,12 +185,12 @@ def decode_split_kernel(
         v_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, cols, col_ok, page_size, stride_vb, stride_vs, PAGED,
                             WHOLE_PAGES)  # fmt: skip
         kt = tl.load(k_base + k_rows[None, :] + d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0)  # (D, N)
-        kt = kt.to(q.dtype)  # FP8 codes widened (a no-op for caches in q's dtype)
+        kt = widen(kt, q.dtype, E4M3_ASM)
         s = dot(q, kt, IEEE) * (scale * 1.4426950408889634)
         s = tl.where(col_ok[None, :] & (cols[None, :] < visible[:, None]), s, -float("inf"))
         p, alpha, m_i, l_i = online_softmax(s, m_i, l_i)
         v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=col_ok[:, None] & dmask[None, :], other=0.0)  # (N, D)
-        v = v.to(q.dtype)
+        v = widen(v, q.dtype, E4M3_ASM)
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
     out, lse = finish(acc, m_i, l_i)
     out *= tl.cast(v_scale, tl.float32)  # V = v_cache x v_scale
@@ -209,12 +244,13 @@ def decode_combine_kernel(
 # configurations, validation and plans
 
 
-def config(head_dim: int, group: int, dtype: str, target: Target) -> tuple[int, int, int, int, int]:
+def config(head_dim: int, group: int, dtype: str, target: Target, fp8: bool = False) -> tuple[int, int, int, int, int]:
     """(BLOCK_G, BLOCK_N, BLOCK_D, num_warps, num_stages) of the split kernel for `group` rows (tokens x query heads
     of a key/value head). More than 64 rows (32 in float32 or on wavefront-64 targets) take several tiles (each reads
     its key/value head again).
     Wavefront-64 (AMD) targets: one pipelining stage (64 KiB of LDS), and within the register file (512 VGPRs a lane
-    at most) smaller key blocks for the large tiles."""
+    at most) smaller key blocks for the large tiles. FP8 caches (`fp8`): three stages (half the bytes a block;
+    faster than two at every size of `benchmarks/sweep_decode_attention.py --fp8`)."""
     wave64 = target.warp_size == 64
     block_d = max(16, next_power_of_2(head_dim))
     block_g = min(32 if dtype == "float32" or wave64 else 64, max(16, next_power_of_2(group)))
@@ -223,7 +259,7 @@ def config(head_dim: int, group: int, dtype: str, target: Target) -> tuple[int, 
     else:
         block_n = 32 if block_d > 128 or wave64 and block_g * block_d >= 32 * 128 else 64
     warps = 8 if block_g * block_d >= 32 * 128 or dtype == "float32" and block_g * block_d >= 16 * 128 else 4
-    return block_g, block_n, block_d, warps, 1 if target.warp_size == 64 else 2
+    return block_g, block_n, block_d, warps, 1 if target.warp_size == 64 else 3 if fp8 else 2
 
 
 def split_count(batch: int, heads_k: int, group: int, seqlen_k: int, head_dim: int, dtype: str, target: Target) -> int:
@@ -319,7 +355,7 @@ def forward(
     if empty:
         return Plan(inputs, buffers, (), ("out",))
     rows = tokens * (heads_q // heads_k)  # of a key/value head
-    block_g, block_n, block_d, warps, stages = config(head_dim, rows, dtype, target)
+    block_g, block_n, block_d, warps, stages = config(head_dim, rows, dtype, target, cache_dtype == FP8)
     splits = num_splits or split_count(batch, heads_k, rows, seqlen_k, head_dim, dtype, target)
     sq = tuple(strides_q) if strides_q is not None else (tokens * heads_q * head_dim, heads_q * head_dim, head_dim)
     positions = page_size if paged else seqlen_k  # per page (paged) or per sequence
@@ -333,7 +369,8 @@ def forward(
              default_scale(head_dim) if scale is None else float(scale), float(v_scale))  # fmt: skip
     writes = (None, None, "out") if splits == 1 else ("partial_o", "partial_lse", None)
     constexprs = dict(BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, PAGED=paged, IEEE=ieee, SPLIT=splits > 1,
-                      WHOLE_PAGES=paged and page_size % block_n == 0)  # fmt: skip
+                      WHOLE_PAGES=paged and page_size % block_n == 0,
+                      E4M3_ASM=cache_dtype == FP8 and dtype != "float32" and target.cuda_arch >= 89)  # fmt: skip
     split = Launch(
         decode_split_kernel,
         (batch, heads_k * cdiv(rows, block_g), splits),
