@@ -55,10 +55,15 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
     1 / sqrt(Dc + Dr)), out = softmax(scores) @ kv_c, (B, H, Dc) in q's dtype; with return_lse also the
     log-sum-exp of the scores (B, H) float32, natural log (-inf for an empty sequence, whose output is 0).
     backend: "triton", "tilelang" (Hopper; Dc 512, Dr 64, float16 / bfloat16, pages a multiple of 64) or None for
-    the default of the device (tile_kernels.core.backends). Not differentiable."""
+    the fastest measured for these inputs on the device (core.preferred_backend: TileLang where it runs). Not
+    differentiable."""
     core.check(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table, softmax_scale, return_lse)
-    backend = backends.resolve(core.NAME, backend, platform(core.NAME), needs=("jax_tvm_ffi",))
     paged = block_table is not None
+    where, preferred = platform(core.NAME), None
+    if backend is None and where == "cuda":
+        dims = dtype_name(q_nope.dtype), q_nope.shape[-1], q_pe.shape[-1], kv_c.shape[1] if paged else None
+        preferred = core.preferred_backend(cuda_arch(), *dims)
+    backend = backends.resolve(core.NAME, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
     arrays = (q_nope, q_pe, kv_c, k_pe, cache_seqlens) + ((block_table,) if paged else ())
     scale = core.options(q_nope, q_pe, softmax_scale, backend, block_table, kv_c)
     out, lse = _call(scale, paged, backend)(*(a[None] for a in arrays))
