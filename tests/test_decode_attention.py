@@ -59,9 +59,10 @@ def _run_plan(kwargs: dict, num_splits: int | None) -> np.ndarray:
 
 @pytest.mark.parametrize("page_size, order", [(16, "shuffled"), (32, "reversed"), (7, "shuffled"), (64, "shuffled")])
 def test_paged_and_contiguous_caches_agree(driver, page_size, order):
-    """The same data contiguous and paged (block table shuffled or reversed, pages of 7, 16, 32 and 64: a block of
-    64 positions a page, looked up once) gives the same output, and the reference's; lengths of 0, 1, a page +- 1
-    and the whole capacity."""
+    """The same data contiguous and paged (block table shuffled or reversed, pages of 7: a lookup a position; 16 and
+    32: a block of 64 positions spans 4 / 2 pages, a lookup each; 64: a block a page, looked up once) gives the same
+    output, and the reference's; lengths of 0, 1, a page +- 1 and the whole capacity."""
+    assert da.pages_a_block(page_size, 64) == {7: 0, 16: 4, 32: 2, 64: 1}[page_size]
     rng = np.random.default_rng(page_size)
     capacity = 4 * page_size
     lengths = [0, 1, page_size - 1, page_size + 1, capacity]

@@ -68,19 +68,37 @@ def split_range(SEQLENS, b, seqlen_k, split, splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def cache_rows(BLOCK_TABLE, b, stride_bt, n0, cols, col_ok, page_size, stride_page, stride_pos, PAGED: tl.constexpr,
-               WHOLE_PAGES: tl.constexpr):  # fmt: skip
-    """Element offsets of the block of positions `cols` = n0 + arange(BLOCK_N) of sequence b in a cache: through the
-    block table when PAGED (page stride_page apart), else stride_pos apart from the sequence's base. WHOLE_PAGES
-    (page_size a multiple of BLOCK_N, n0 one of BLOCK_N): the block lies in one page, looked up once (a gather of a
-    page a position costs registers and a dependent load in every position's address)."""
-    if PAGED and WHOLE_PAGES:
+def cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, col_ok, page_size, stride_page, stride_pos,
+               PAGED: tl.constexpr, PAGES_A_BLOCK: tl.constexpr):  # fmt: skip
+    """Element offsets of the block of positions `cols` = n0 + arange(BLOCK_N) of sequence b (positions < end valid,
+    col_ok) in a cache: through the block table when PAGED (page stride_page apart), else stride_pos apart from the
+    sequence's base. PAGES_A_BLOCK (pages_a_block; n0 a multiple of BLOCK_N): 1, the block lies in one page, looked up
+    once; k > 1, it spans k whole pages, k lookups; 0, a lookup a position (a gather of a page a position costs
+    registers and a dependent load in every position's address)."""
+    if PAGED and PAGES_A_BLOCK == 1:
         page = tl.load(BLOCK_TABLE + b * stride_bt + n0 // page_size).to(tl.int64)
         return page * stride_page + (cols - n0 + n0 % page_size).to(tl.int64) * stride_pos
+    if PAGED and PAGES_A_BLOCK > 1:
+        PAGE: tl.constexpr = cols.shape[0] // PAGES_A_BLOCK
+        first = n0 + tl.arange(0, PAGES_A_BLOCK) * PAGE  # of each page
+        pages = tl.load(BLOCK_TABLE + b * stride_bt + first // PAGE, mask=first < end, other=0).to(tl.int64)
+        rows = pages[:, None] * stride_page + tl.arange(0, PAGE)[None, :].to(tl.int64) * stride_pos
+        return tl.reshape(rows, (PAGES_A_BLOCK * PAGE,))
     if PAGED:
         page = tl.load(BLOCK_TABLE + b * stride_bt + cols // page_size, mask=col_ok, other=0).to(tl.int64)
         return page * stride_page + (cols % page_size).to(tl.int64) * stride_pos
     return cols.to(tl.int64) * stride_pos
+
+
+def pages_a_block(page_size: int | None, block_n: int) -> int:
+    """cache_rows' PAGES_A_BLOCK: 1 where a block of block_n positions lies in one page (page_size a multiple of
+    block_n), block_n / page_size where it spans whole pages of 8 or more positions, else 0 (a lookup a position;
+    also contiguous caches)."""
+    if page_size is None:
+        return 0
+    if page_size % block_n == 0:
+        return 1
+    return block_n // page_size if block_n % page_size == 0 and page_size >= 8 else 0
 
 
 @triton.jit
@@ -144,7 +162,7 @@ def decode_split_kernel(
     stride_qb, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, scale, v_scale,
     PARTIAL_O, PARTIAL_LSE, OUT,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr, IEEE: tl.constexpr,
-    SPLIT: tl.constexpr, UNIT: tl.constexpr, WHOLE_PAGES: tl.constexpr, E4M3_ASM: tl.constexpr,
+    SPLIT: tl.constexpr, UNIT: tl.constexpr, PAGES_A_BLOCK: tl.constexpr, E4M3_ASM: tl.constexpr,
 ):  # fmt: skip
     """Grid (B, Hk * cdiv(T * Hq / Hk, BLOCK_G), S). stride_kb / stride_vb: of the batch (contiguous) or of a page
     (PAGED). SPLIT (S > 1): PARTIAL_O (B, T, Hq, S, D) and PARTIAL_LSE (B, T, Hq, S) fp32, compact; else the output
@@ -180,10 +198,10 @@ def decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):  # a row may see none of a block's positions: its m stays -inf
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < end
-        k_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, cols, col_ok, page_size, stride_kb, stride_ks, PAGED,
-                            WHOLE_PAGES)  # fmt: skip
-        v_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, cols, col_ok, page_size, stride_vb, stride_vs, PAGED,
-                            WHOLE_PAGES)  # fmt: skip
+        k_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, col_ok, page_size, stride_kb, stride_ks, PAGED,
+                            PAGES_A_BLOCK)  # fmt: skip
+        v_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, col_ok, page_size, stride_vb, stride_vs, PAGED,
+                            PAGES_A_BLOCK)  # fmt: skip
         kt = tl.load(k_base + k_rows[None, :] + d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0)  # (D, N)
         kt = widen(kt, q.dtype, E4M3_ASM)
         s = dot(q, kt, IEEE) * (scale * 1.4426950408889634)
@@ -369,7 +387,7 @@ def forward(
              default_scale(head_dim) if scale is None else float(scale), float(v_scale))  # fmt: skip
     writes = (None, None, "out") if splits == 1 else ("partial_o", "partial_lse", None)
     constexprs = dict(BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, PAGED=paged, IEEE=ieee, SPLIT=splits > 1,
-                      WHOLE_PAGES=paged and page_size % block_n == 0,
+                      PAGES_A_BLOCK=pages_a_block(page_size, block_n),
                       E4M3_ASM=cache_dtype == FP8 and dtype != "float32" and target.cuda_arch >= 89)  # fmt: skip
     split = Launch(
         decode_split_kernel,
@@ -516,7 +534,7 @@ def bad_inputs(kwargs) -> list[BadInput]:
 
 def plans(target: Target):
     """Every dtype at head dims 40 (padded, units of 8), 64, 128 and 256, contiguous and paged, for groups of up to
-    16 query heads; groups of 32 and 64 (MQA-like) and pages of 64 (WHOLE_PAGES) at head dim 128; the unsplit kernel
+    16 query heads; groups of 32 and 64 (MQA-like) and pages of 64 (a block a page) at head dim 128; the unsplit kernel
     (one split) at head dim 128;
     FP8 caches under 16-bit queries at head dim 128 on e4m3 targets.
     The split count of a split kernel is a runtime value."""

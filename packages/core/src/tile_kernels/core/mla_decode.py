@@ -45,6 +45,7 @@ from .decode_attention import (
     finish,
     gather,
     online_softmax,
+    pages_a_block,
     split_range,
     splits_for,
 )
@@ -81,7 +82,7 @@ def mla_split_kernel(
     stride_qnb, stride_qnh, stride_qpb, stride_qph, stride_kvb, stride_kvs, stride_kpb, stride_kps, scale,
     PARTIAL_O, PARTIAL_LSE, OUT, LSE,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, PAGED: tl.constexpr,
-    IEEE: tl.constexpr, SPLIT: tl.constexpr, UNIT: tl.constexpr, WHOLE_PAGES: tl.constexpr,
+    IEEE: tl.constexpr, SPLIT: tl.constexpr, UNIT: tl.constexpr, PAGES_A_BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Grid (B, cdiv(H, BLOCK_H), S). stride_kvb / stride_kpb: of the batch (contiguous) or of a page (PAGED).
     SPLIT (S > 1): PARTIAL_O (B, H, S, Dc) and PARTIAL_LSE (B, H, S) fp32 (base-2 lse); else OUT (B, H, Dc) in q's
@@ -114,10 +115,10 @@ def mla_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < end
-        kv_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, cols, col_ok, page_size, stride_kvb, stride_kvs, PAGED,
-                             WHOLE_PAGES)  # fmt: skip
-        kp_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, cols, col_ok, page_size, stride_kpb, stride_kps, PAGED,
-                             WHOLE_PAGES)  # fmt: skip
+        kv_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, col_ok, page_size, stride_kvb, stride_kvs,
+                             PAGED, PAGES_A_BLOCK)  # fmt: skip
+        kp_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, col_ok, page_size, stride_kpb, stride_kps,
+                             PAGED, PAGES_A_BLOCK)  # fmt: skip
         kv = tl.load(kv_base + kv_rows[:, None] + c[None, :], mask=col_ok[:, None] & c_ok[None, :], other=0.0)
         kp = tl.load(kp_base + kp_rows[:, None] + r[None, :], mask=col_ok[:, None] & r_ok[None, :], other=0.0)
         s = (dot(q_nope, tl.trans(kv), IEEE) + dot(q_pe, tl.trans(kp), IEEE)) * scale  # (H, N)
@@ -334,7 +335,7 @@ def forward(
              default_scale(latent_dim, rope_dim) if scale is None else float(scale))  # fmt: skip
     writes = (None, None, "out", "lse") if splits == 1 else ("partial_o", "partial_lse", None, None)
     constexprs = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_R=block_r, PAGED=paged, IEEE=ieee,
-                      SPLIT=splits > 1, WHOLE_PAGES=paged and page_size % block_n == 0)  # fmt: skip
+                      SPLIT=splits > 1, PAGES_A_BLOCK=pages_a_block(page_size, block_n))  # fmt: skip
     split = Launch(mla_split_kernel, (batch, cdiv(heads, block_h), splits), reads, writes, constexprs, warps, stages)
     launches = (in_units(split, *UNIT_ARGS, units=UNITS),)
     if splits > 1:
