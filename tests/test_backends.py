@@ -5,6 +5,8 @@ numerics of every backend against the float64 references are in test_ops.py."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from conftest import DEVICE, needs_tilelang, needs_torch
@@ -303,6 +305,43 @@ def test_flash_attention_defaults_to_tilelang_on_sm90_at_head_dim_128_where_it_c
         expected = "tilelang" if backends.unavailable("tilelang", platform) is None else "triton"  # else falls back
         assert backends.resolve("flash_attention", None, platform, preferred="tilelang") == expected
     assert backends.resolve("flash_attention", None, "cpu", preferred="cuda") == "triton"  # not one of its backends
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_adapters_ask_the_ops_preferred_backend_on_cuda_only(monkeypatch, framework):
+    """Both adapters' resolve_backend: backend=None on a CUDA device calls the op's preferred_backend with the compute
+    capability and the call's dims and takes its answer (Triton here, runnable everywhere); on the CPU and for an
+    explicit backend it is not asked."""
+    pytest.importorskip(framework)
+    calls = []
+
+    def preferred(arch, *dims):
+        calls.append((arch, *dims))
+        return "triton"
+
+    if framework == "torch":
+        import torch
+
+        from tile_kernels.torch import _calls
+
+        monkeypatch.setattr(_calls, "cuda_arch", lambda device: 90)
+        monkeypatch.setattr(_calls, "platform", lambda device: device.type)
+        resolve = functools.partial(_calls.resolve_backend, "flash_attention")
+        on_cpu, on_cuda = (torch.device("cpu"),), (torch.device("cuda"),)
+    else:
+        from tile_kernels.jax import _calls
+
+        monkeypatch.setattr(_calls, "cuda_arch", lambda: 90)
+        on_cuda, on_cpu = (), ()
+        resolve = functools.partial(_calls.resolve_backend, "flash_attention")
+        monkeypatch.setattr(_calls, "platform", lambda op: where[0])
+    where = ["cuda"]
+    assert resolve(None, *on_cuda, preferred, "bfloat16", 128) == "triton"
+    assert calls == [(90, "bfloat16", 128)]
+    assert resolve("triton", *on_cuda, preferred, "bfloat16", 128) == "triton"
+    where[0] = "cpu"
+    assert resolve(None, *on_cpu, preferred, "bfloat16", 128) == "triton"
+    assert calls == [(90, "bfloat16", 128)]
 
 
 def test_the_bench_times_each_flash_attention_backend_beside_the_default():

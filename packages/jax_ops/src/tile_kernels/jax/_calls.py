@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tile_kernels.core import Plan
+from tile_kernels.core import Plan, backends
 from tile_kernels.core.backends import Call
 
 from ._runtime import _import_jax_triton, _launch, mode
@@ -35,6 +35,17 @@ def cuda_arch() -> int:
     """Compute capability of JAX's first GPU as an int (90 for 9.0)."""
     major, minor = str(jax.devices()[0].compute_capability).split(".")
     return 10 * int(major) + int(minor)
+
+
+def resolve_backend(op: str, backend: str | None, preferred_backend=None, *dims) -> str:
+    """backends.resolve for a JAX call (the compiled backends need jax_tvm_ffi). backend=None on CUDA takes
+    preferred_backend(compute capability, *dims): the op's core function that names its fastest measured backend for
+    the call's inputs."""
+    where = platform(op)
+    preferred = None
+    if backend is None and preferred_backend is not None and where == "cuda":
+        preferred = preferred_backend(cuda_arch(), *dims)
+    return backends.resolve(op, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
 
 
 _REGISTERED: set[str] = set()

@@ -8,10 +8,10 @@ import functools
 
 import jax
 
-from tile_kernels.core import backends, dtype_name, sharding
 from tile_kernels.core import dequant_matmul as core
+from tile_kernels.core import dtype_name, sharding
 
-from ._calls import cuda_arch, platform, run_calls
+from ._calls import cuda_arch, resolve_backend, run_calls
 from ._runtime import jit_when_eager, mode, run_plan, target
 from ._sharding import row_local
 
@@ -42,7 +42,7 @@ def dequant_matmul(
     a's dtype. backend: "triton", "tilelang" (Hopper, prefill sizes; float16 / bfloat16) or None for the device's
     default (Triton). Not differentiable."""
     core.check(a, qweight, scales, group_size, zeros)
-    backend = backends.resolve(core.NAME, backend, platform(core.NAME), needs=("jax_tvm_ffi",))
+    backend = resolve_backend(core.NAME, backend)
     if backend != "triton":
         core.check_backend(backend, dtype_name(a.dtype), qweight.shape[1], int(group_size), cuda_arch())
     arrays = (a, qweight, scales) + (() if zeros is None else (zeros,))

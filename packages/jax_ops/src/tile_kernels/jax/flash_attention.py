@@ -9,10 +9,10 @@ import functools
 
 import jax
 
-from tile_kernels.core import backends, dtype_name, sharding
+from tile_kernels.core import dtype_name, sharding
 from tile_kernels.core import flash_attention as core
 
-from ._calls import cuda_arch, platform, run_calls
+from ._calls import cuda_arch, resolve_backend, run_calls
 from ._runtime import jit_when_eager, mode, run_plan, target
 from ._sharding import batched_row_local
 
@@ -99,9 +99,9 @@ def flash_attention(
     """Attention of q (B, Sq, Hq, D) over k, v (B, Sk, Hk, D), Hq % Hk == 0; causal aligned bottom-right; window
     (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
     with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D). backend: "triton", "tilelang" (its forward; float16 /
-    bfloat16; its backward too on sm_90a for head dims up to 128), or None for the default of the device
-    (tile_kernels.core.backends)."""
+    bfloat16; its backward too on sm_90a for head dims up to 128), or None for the fastest measured for these inputs
+    on the device (core.preferred_backend)."""
     core.check(q, k, v, causal, window, softmax_scale, softcap)
-    backend = backends.resolve(core.NAME, backend, platform(core.NAME), needs=("jax_tvm_ffi",))
+    backend = resolve_backend(core.NAME, backend, core.preferred_backend, dtype_name(q.dtype), q.shape[-1])
     causal, window, scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)
     return _flash_attention(q, k, v, causal, window, scale, softcap, backend)

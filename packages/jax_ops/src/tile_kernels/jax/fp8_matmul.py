@@ -9,10 +9,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from tile_kernels.core import backends, sharding
 from tile_kernels.core import fp8_matmul as core
+from tile_kernels.core import sharding
 
-from ._calls import cuda_arch, platform, run_calls
+from ._calls import cuda_arch, resolve_backend, run_calls
 from ._runtime import jit_when_eager, mode, run_plan, target
 from ._sharding import row_local
 
@@ -42,10 +42,7 @@ def fp8_matmul(
     float32). backend: "triton", "tilelang" (Hopper) or None for the fastest measured for these inputs on the device
     (core.preferred_backend: TileLang on Hopper from 128 rows). Not differentiable."""
     core.check(a, a_scales, b, b_scales, out_dtype)
-    where, preferred = platform(core.NAME), None
-    if backend is None and where == "cuda":
-        preferred = core.preferred_backend(cuda_arch(), a.shape[0])
-    backend = backends.resolve(core.NAME, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
+    backend = resolve_backend(core.NAME, backend, core.preferred_backend, a.shape[0])
     if backend != "triton":
         core.check_backend(backend, cuda_arch())
     return _call(core.out_dtype_name(out_dtype), backend)(a, a_scales, b, b_scales)[0]

@@ -7,10 +7,10 @@ import functools
 
 import jax
 
-from tile_kernels.core import backends, dtype_name, sharding
+from tile_kernels.core import dtype_name, sharding
 from tile_kernels.core import grouped_matmul as core
 
-from ._calls import cuda_arch, platform, run_calls
+from ._calls import cuda_arch, resolve_backend, run_calls
 from ._runtime import jit_when_eager, mode, run_plan, target
 from ._sharding import row_local, vary_alike
 
@@ -52,10 +52,9 @@ def grouped_matmul(x: jax.Array, weights: jax.Array, group_sizes: jax.Array, bac
     forward, float16 / bfloat16; Triton backward) or None for the fastest measured for these inputs on the device
     (core.preferred_backend: TileLang on Hopper from 4096 tokens where N > K)."""
     core.check(x, weights, group_sizes)
-    where, preferred = platform(core.NAME), None
-    if backend is None and where == "cuda":
-        preferred = core.preferred_backend(cuda_arch(), dtype_name(x.dtype), x.shape[0], *weights.shape[1:])
-    backend = backends.resolve(core.NAME, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
+    backend = resolve_backend(
+        core.NAME, backend, core.preferred_backend, dtype_name(x.dtype), x.shape[0], *weights.shape[1:]
+    )
     if backend != "triton":
         core.check_backend(backend, dtype_name(x.dtype), weights.shape[1], weights.shape[2], cuda_arch())
     return _grouped_matmul(*vary_alike(x, weights, group_sizes), backend)  # in a shard_map: dx summed over devices

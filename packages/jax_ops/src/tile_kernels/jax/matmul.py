@@ -8,10 +8,10 @@ import functools
 
 import jax
 
-from tile_kernels.core import backends, dtype_name, sharding
+from tile_kernels.core import dtype_name, sharding
 from tile_kernels.core import matmul as core
 
-from ._calls import cuda_arch, platform, run_calls
+from ._calls import cuda_arch, resolve_backend, run_calls
 from ._runtime import jit_when_eager, mode, run_plan, target
 from ._sharding import row_local
 
@@ -44,10 +44,7 @@ def matmul(
     Returns (M, N) in a's dtype. backend: "triton", "tilelang" (Hopper; float16 / bfloat16) or None for
     the fastest measured for these inputs on the device (core.preferred_backend). Not differentiable."""
     core.check(a, b, bias, activation, residual)
-    where, preferred = platform(core.NAME), None
-    if backend is None and where == "cuda":
-        preferred = core.preferred_backend(cuda_arch(), dtype_name(a.dtype), *a.shape, b.shape[1])
-    backend = backends.resolve(core.NAME, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
+    backend = resolve_backend(core.NAME, backend, core.preferred_backend, dtype_name(a.dtype), *a.shape, b.shape[1])
     core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1])
     arrays = (a, b) + tuple(x for x in (bias, residual) if x is not None)
     return _call(activation, bias is not None, residual is not None, backend)(*arrays)[0]

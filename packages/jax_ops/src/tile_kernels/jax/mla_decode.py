@@ -10,10 +10,10 @@ import functools
 
 import jax.numpy as jnp
 
-from tile_kernels.core import backends, dtype_name, sharding
+from tile_kernels.core import dtype_name, sharding
 from tile_kernels.core import mla_decode as core
 
-from ._calls import cuda_arch, platform, run_calls
+from ._calls import cuda_arch, resolve_backend, run_calls
 from ._runtime import jit_when_eager, mode, run_plan, target
 from ._sharding import batched_row_local
 
@@ -59,11 +59,8 @@ def mla_decode(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softma
     differentiable."""
     core.check(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table, softmax_scale, return_lse)
     paged = block_table is not None
-    where, preferred = platform(core.NAME), None
-    if backend is None and where == "cuda":
-        dims = dtype_name(q_nope.dtype), q_nope.shape[-1], q_pe.shape[-1], kv_c.shape[1] if paged else None
-        preferred = core.preferred_backend(cuda_arch(), *dims)
-    backend = backends.resolve(core.NAME, backend, where, needs=("jax_tvm_ffi",), preferred=preferred)
+    dims = dtype_name(q_nope.dtype), q_nope.shape[-1], q_pe.shape[-1], kv_c.shape[1] if paged else None
+    backend = resolve_backend(core.NAME, backend, core.preferred_backend, *dims)
     arrays = (q_nope, q_pe, kv_c, k_pe, cache_seqlens) + ((block_table,) if paged else ())
     scale = core.options(q_nope, q_pe, softmax_scale, backend, block_table, kv_c)
     out, lse = _call(scale, paged, backend)(*(a[None] for a in arrays))

@@ -11,11 +11,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-from tile_kernels.core import backends, dtype_name, norms, sharding
+from tile_kernels.core import dtype_name, norms, sharding
 from tile_kernels.core import layer_norm as layer_core
 from tile_kernels.core import rms_norm as rms_core
 
-from ._calls import cuda_arch, platform, run_calls
+from ._calls import cuda_arch, resolve_backend, run_calls
 from ._runtime import jit_when_eager, mode, run_plan, target
 from ._sharding import batched_row_local, vary_alike
 
@@ -121,7 +121,7 @@ def rms_norm(
     y and h have x's dtype, whatever weight's float dtype (the math runs in float32).
     backend: "triton", "tilelang", "cuda", or None for the default of the device (tile_kernels.core.backends)."""
     rms_core.check(x, weight, residual, eps)
-    backend = backends.resolve(rms_core.NAME, backend, platform(rms_core.NAME), needs=("jax_tvm_ffi",))
+    backend = resolve_backend(rms_core.NAME, backend)
     x, weight, residual = vary_alike(x, weight, residual)  # in a shard_map: dweight summed over the devices
     y, h = _norm(x, weight, None, residual, float(eps), True, backend)
     return y if residual is None else (y, h)

@@ -32,9 +32,13 @@ def _resolve_eager(op: str, backend: str | None, platform_name: str, preferred: 
 _resolve_traced = torch.compiler.assume_constant_result(backends.resolve)
 
 
-def resolve_backend(op: str, backend: str | None, device: torch.device, preferred: str | None = None) -> str:
-    """backends.resolve for a call on `device` (`preferred`: the op's choice for the call's inputs), cached outside
-    torch.compile (toolchains do not come and go within a process)."""
+def resolve_backend(op: str, backend: str | None, device: torch.device, preferred_backend=None, *dims) -> str:
+    """backends.resolve for a call on `device`, cached outside torch.compile (toolchains do not come and go within a
+    process). backend=None on CUDA takes preferred_backend(compute capability, *dims): the op's core function that
+    names its fastest measured backend for the call's inputs."""
+    preferred = None
+    if backend is None and preferred_backend is not None and device.type == "cuda":
+        preferred = preferred_backend(cuda_arch(device), *dims)
     cacheable = backend is None or type(backend) is str
     if cacheable and not torch.compiler.is_compiling():
         return _resolve_eager(op, backend, platform(device), preferred)

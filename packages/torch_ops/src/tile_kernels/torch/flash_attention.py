@@ -137,10 +137,7 @@ def flash_attention(
     on the device (core.preferred_backend)."""
     _, device = validated(core.NAME, core.check, ("q", "k", "v", None, None, None, None), q, k, v, causal, window,
                           softmax_scale, softcap)  # fmt: skip
-    preferred = None
-    if backend is None and device.type == "cuda":
-        preferred = core.preferred_backend(cuda_arch(device), dtype_name(q.dtype), q.shape[-1])
-    backend = resolve_backend(core.NAME, backend, device, preferred)
+    backend = resolve_backend(core.NAME, backend, device, core.preferred_backend, dtype_name(q.dtype), q.shape[-1])
     causal, (left, right), scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)
     return flash_attention_fwd(q, k, v, causal, left, right, scale, softcap, backend)[0]
 

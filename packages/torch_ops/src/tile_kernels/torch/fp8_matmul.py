@@ -60,10 +60,7 @@ def fp8_matmul(
     out_dtype = core.out_dtype_name(torch.bfloat16 if out_dtype is None else out_dtype)
     _, device = validated(core.NAME, core.check, ("a", "a_scales", "b", "b_scales", None), a, a_scales, b, b_scales,
                           out_dtype)  # fmt: skip
-    preferred = None
-    if backend is None and device.type == "cuda":
-        preferred = core.preferred_backend(cuda_arch(device), a.shape[0])
-    backend = resolve_backend(core.NAME, backend, device, preferred)
+    backend = resolve_backend(core.NAME, backend, device, core.preferred_backend, a.shape[0])
     if backend != "triton":
         core.check_backend(backend, cuda_arch(device))
     return fp8_matmul_fwd(a, a_scales, b, b_scales, out_dtype, backend)

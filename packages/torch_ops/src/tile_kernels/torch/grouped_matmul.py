@@ -72,10 +72,9 @@ def grouped_matmul(
     (Hopper forward, float16 / bfloat16; Triton backward) or None for the fastest measured for these inputs on the
     device (core.preferred_backend: TileLang on Hopper from 4096 tokens where N > K)."""
     _, device = validated(core.NAME, core.check, ("x", "weights", "group_sizes"), x, weights, group_sizes)
-    preferred = None
-    if backend is None and device.type == "cuda":
-        preferred = core.preferred_backend(cuda_arch(device), dtype_name(x.dtype), x.shape[0], *weights.shape[1:])
-    backend = resolve_backend(core.NAME, backend, device, preferred)
+    backend = resolve_backend(
+        core.NAME, backend, device, core.preferred_backend, dtype_name(x.dtype), x.shape[0], *weights.shape[1:]
+    )
     if backend != "triton":
         core.check_backend(backend, dtype_name(x.dtype), weights.shape[1], weights.shape[2], cuda_arch(device))
     return grouped_matmul_fwd(x, weights, group_sizes, backend)

@@ -83,10 +83,9 @@ def matmul(
     on the device (core.preferred_backend: TileLang on Hopper where it runs). Not differentiable."""
     _, device = validated(core.NAME, core.check, ("a", "b", "bias", None, "residual"), a, b, bias, activation,
                           residual)  # fmt: skip
-    preferred = None
-    if backend is None and device.type == "cuda":
-        preferred = core.preferred_backend(cuda_arch(device), dtype_name(a.dtype), *a.shape, b.shape[1])
-    backend = resolve_backend(core.NAME, backend, device, preferred)
+    backend = resolve_backend(
+        core.NAME, backend, device, core.preferred_backend, dtype_name(a.dtype), *a.shape, b.shape[1]
+    )
     if backend != "triton":
         core.check_backend(backend, dtype_name(a.dtype), a.shape[1], b.shape[1])
     return matmul_fwd(a, b, bias, activation, residual, backend)

@@ -89,12 +89,9 @@ def mla_decode(
     _, device = validated(core.NAME, core.check, ("q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens", "block_table",
                           None, None), q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table, softmax_scale,
                           return_lse)  # fmt: skip
-    preferred = None
-    if backend is None and device.type == "cuda":
-        page_size = kv_c.shape[1] if block_table is not None else None
-        dims = dtype_name(q_nope.dtype), q_nope.shape[-1], q_pe.shape[-1], page_size
-        preferred = core.preferred_backend(cuda_arch(device), *dims)
-    backend = resolve_backend(core.NAME, backend, device, preferred)
+    page_size = kv_c.shape[1] if block_table is not None else None
+    dims = dtype_name(q_nope.dtype), q_nope.shape[-1], q_pe.shape[-1], page_size
+    backend = resolve_backend(core.NAME, backend, device, core.preferred_backend, *dims)
     scale = core.options(q_nope, q_pe, softmax_scale, backend, block_table, kv_c)
     out, lse = mla_decode_fwd(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table, scale, backend)
     return (out, lse) if return_lse else out
