@@ -144,13 +144,16 @@ WIDEN_E4M3_F16: tl.constexpr = tl.constexpr(
 @triton.jit
 def widen(codes, dtype: tl.constexpr, E4M3_ASM: tl.constexpr):
     """Cache values as `dtype` (q's): FP8 e4m3 codes through the integer widening above where E4M3_ASM (NVIDIA
-    sm_89+), else a cast (a no-op for caches in q's dtype)."""
+    sm_89+), else a cast (a no-op for caches in q's dtype). The asm is marked impure so that Triton does not move the
+    tile's conversion to the dot's operand layout ahead of it: the codes then leave shared memory in 16-byte loads
+    and the widened tile reaches the dot through ldmatrix, where the operand layout read V's codes a byte at a time
+    (positions, its reduction axis, are rows apart) and held the kernel to 2 blocks an SM (176 registers; now 130)."""
     if E4M3_ASM:
         bits = codes.to(tl.uint8, bitcast=True)
         if dtype == tl.bfloat16:
-            out = tl.inline_asm_elementwise(WIDEN_E4M3_BF16, "=r,=r,r", [bits], tl.bfloat16, is_pure=True, pack=4)
+            out = tl.inline_asm_elementwise(WIDEN_E4M3_BF16, "=r,=r,r", [bits], tl.bfloat16, is_pure=False, pack=4)
         else:
-            out = tl.inline_asm_elementwise(WIDEN_E4M3_F16, "=r,=r,r", [bits], tl.float16, is_pure=True, pack=4)
+            out = tl.inline_asm_elementwise(WIDEN_E4M3_F16, "=r,=r,r", [bits], tl.float16, is_pure=False, pack=4)
     else:
         out = codes.to(dtype)
     return out
