@@ -68,10 +68,10 @@ def split_range(SEQLENS, b, seqlen_k, split, splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, col_ok, page_size, stride_page, stride_pos,
-               PAGED: tl.constexpr, PAGES_A_BLOCK: tl.constexpr):  # fmt: skip
-    """Element offsets of the block of positions `cols` = n0 + arange(BLOCK_N) of sequence b (positions < end valid,
-    col_ok) in a cache: through the block table when PAGED (page stride_page apart), else stride_pos apart from the
+def cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, page_size, stride_page, stride_pos, PAGED: tl.constexpr,
+               PAGES_A_BLOCK: tl.constexpr):  # fmt: skip
+    """Element offsets of the block of positions `cols` = n0 + arange(BLOCK_N) of sequence b (positions < end valid)
+    in a cache: through the block table when PAGED (page stride_page apart), else stride_pos apart from the
     sequence's base. PAGES_A_BLOCK (pages_a_block; n0 a multiple of BLOCK_N): 1, the block lies in one page, looked up
     once; k > 1, it spans k whole pages, k lookups; 0, a lookup a position (a gather of a page a position costs
     registers and a dependent load in every position's address)."""
@@ -85,7 +85,7 @@ def cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, col_ok, page_size, stri
         rows = pages[:, None] * stride_page + tl.arange(0, PAGE)[None, :].to(tl.int64) * stride_pos
         return tl.reshape(rows, (PAGES_A_BLOCK * PAGE,))
     if PAGED:
-        page = tl.load(BLOCK_TABLE + b * stride_bt + cols // page_size, mask=col_ok, other=0).to(tl.int64)
+        page = tl.load(BLOCK_TABLE + b * stride_bt + cols // page_size, mask=cols < end, other=0).to(tl.int64)
         return page * stride_page + (cols % page_size).to(tl.int64) * stride_pos
     return cols.to(tl.int64) * stride_pos
 
@@ -201,9 +201,9 @@ def decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):  # a row may see none of a block's positions: its m stays -inf
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < end
-        k_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, col_ok, page_size, stride_kb, stride_ks, PAGED,
+        k_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, page_size, stride_kb, stride_ks, PAGED,
                             PAGES_A_BLOCK)  # fmt: skip
-        v_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, col_ok, page_size, stride_vb, stride_vs, PAGED,
+        v_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, page_size, stride_vb, stride_vs, PAGED,
                             PAGES_A_BLOCK)  # fmt: skip
         kt = tl.load(k_base + k_rows[None, :] + d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0)  # (D, N)
         kt = widen(kt, q.dtype, E4M3_ASM)

@@ -115,9 +115,9 @@ def mla_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < end
-        kv_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, col_ok, page_size, stride_kvb, stride_kvs,
+        kv_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, page_size, stride_kvb, stride_kvs,
                              PAGED, PAGES_A_BLOCK)  # fmt: skip
-        kp_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, col_ok, page_size, stride_kpb, stride_kps,
+        kp_rows = cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, page_size, stride_kpb, stride_kps,
                              PAGED, PAGES_A_BLOCK)  # fmt: skip
         kv = tl.load(kv_base + kv_rows[:, None] + c[None, :], mask=col_ok[:, None] & c_ok[None, :], other=0.0)
         kp = tl.load(kp_base + kp_rows[:, None] + r[None, :], mask=col_ok[:, None] & r_ok[None, :], other=0.0)
