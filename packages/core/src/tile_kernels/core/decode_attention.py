@@ -73,8 +73,9 @@ def cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, page_size, stride_page,
     """Element offsets of the block of positions `cols` = n0 + arange(BLOCK_N) of sequence b (positions < end valid)
     in a cache: through the block table when PAGED (page stride_page apart), else stride_pos apart from the
     sequence's base. PAGES_A_BLOCK (pages_a_block; n0 a multiple of BLOCK_N): 1, the block lies in one page, looked up
-    once; k > 1, it spans k whole pages, k lookups; 0, a lookup a position (a gather of a page a position costs
-    registers and a dependent load in every position's address)."""
+    once; k > 1, it spans k whole pages, k lookups, each position selecting its page from them (a reshape of (pages,
+    positions) rows would cost Triton 3.6 its cp.async pipelining); 0, a lookup a position (a gather of a page a
+    position costs registers and a dependent load in every position's address)."""
     if PAGED and PAGES_A_BLOCK == 1:
         page = tl.load(BLOCK_TABLE + b * stride_bt + n0 // page_size).to(tl.int64)
         return page * stride_page + (cols - n0 + n0 % page_size).to(tl.int64) * stride_pos
@@ -82,8 +83,9 @@ def cache_rows(BLOCK_TABLE, b, stride_bt, n0, end, cols, page_size, stride_page,
         PAGE: tl.constexpr = cols.shape[0] // PAGES_A_BLOCK
         first = n0 + tl.arange(0, PAGES_A_BLOCK) * PAGE  # of each page
         pages = tl.load(BLOCK_TABLE + b * stride_bt + first // PAGE, mask=first < end, other=0).to(tl.int64)
-        rows = pages[:, None] * stride_page + tl.arange(0, PAGE)[None, :].to(tl.int64) * stride_pos
-        return tl.reshape(rows, (PAGES_A_BLOCK * PAGE,))
+        which = (cols - n0) // PAGE
+        page = tl.sum(tl.where(which[:, None] == tl.arange(0, PAGES_A_BLOCK)[None, :], pages[None, :], 0), axis=1)
+        return page * stride_page + ((cols - n0) % PAGE).to(tl.int64) * stride_pos
     if PAGED:
         page = tl.load(BLOCK_TABLE + b * stride_bt + cols // page_size, mask=cols < end, other=0).to(tl.int64)
         return page * stride_page + (cols % page_size).to(tl.int64) * stride_pos
@@ -144,16 +146,14 @@ WIDEN_E4M3_F16: tl.constexpr = tl.constexpr(
 @triton.jit
 def widen(codes, dtype: tl.constexpr, E4M3_ASM: tl.constexpr):
     """Cache values as `dtype` (q's): FP8 e4m3 codes through the integer widening above where E4M3_ASM (NVIDIA
-    sm_89+), else a cast (a no-op for caches in q's dtype). The asm is marked impure so that Triton does not move the
-    tile's conversion to the dot's operand layout ahead of it: the codes then leave shared memory in 16-byte loads
-    and the widened tile reaches the dot through ldmatrix, where the operand layout read V's codes a byte at a time
-    (positions, its reduction axis, are rows apart) and held the kernel to 2 blocks an SM (176 registers; now 130)."""
+    sm_89+), else a cast (a no-op for caches in q's dtype). The asm is pure: marked impure, it kept the codes' 16-byte
+    shared-memory loads and ldmatrix (fewer registers on paper) but ran 1.1-1.2x slower on the H200 with Triton 3.6."""
     if E4M3_ASM:
         bits = codes.to(tl.uint8, bitcast=True)
         if dtype == tl.bfloat16:
-            out = tl.inline_asm_elementwise(WIDEN_E4M3_BF16, "=r,=r,r", [bits], tl.bfloat16, is_pure=False, pack=4)
+            out = tl.inline_asm_elementwise(WIDEN_E4M3_BF16, "=r,=r,r", [bits], tl.bfloat16, is_pure=True, pack=4)
         else:
-            out = tl.inline_asm_elementwise(WIDEN_E4M3_F16, "=r,=r,r", [bits], tl.float16, is_pure=False, pack=4)
+            out = tl.inline_asm_elementwise(WIDEN_E4M3_F16, "=r,=r,r", [bits], tl.float16, is_pure=True, pack=4)
     else:
         out = codes.to(dtype)
     return out
