@@ -6,7 +6,7 @@ contiguous and paged (pages of 16 and 64 in a shuffled block table), each config
 output. Prints one line per configuration, the best per case last.
 
     python benchmarks/sweep_decode_attention.py [--size B,S ...] [--layout contiguous|16|64 ...] [--programs N ...]
-        [--fp8] [--out FILE]
+        [--fp8] [--default-tiles] [--out FILE]
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def main(argv=None):
     parser.add_argument("--layout", action="append", help="contiguous or a page size (default: contiguous, 16, 64)")
     parser.add_argument("--programs", action="append", type=int, help=f"PROGRAMS_PER_SM (default {PROGRAMS_PER_SM})")
     parser.add_argument("--fp8", action="store_true", help="FP8 e4m3 caches")
+    parser.add_argument("--default-tiles", action="store_true", help="only the default tiles (the split heuristic)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     sizes = [tuple(map(int, s.split(","))) for s in args.size] if args.size else DECODE_SIZES
@@ -72,7 +73,7 @@ def main(argv=None):
         _runtime._cached_executor.cache_clear()
         want = tk.decode_attention(*x, **kw)
         results = []
-        configs = [(None, None, None), *CONFIGS]  # None: the default tiles
+        configs = [(None, None, None), *([] if args.default_tiles else CONFIGS)]  # None: the default tiles
         for (block_n, warps, stages), programs in itertools.product(configs, args.programs or PROGRAMS_PER_SM):
             if block_n is None:  # the defaults' tiles under each split heuristic
                 core.config = default_config

@@ -196,6 +196,20 @@ def test_fp8_caches_with_per_tensor_scales(driver, dtype, page_size):
     assert_close("k_scale only", unscaled, da.reference(**{**kwargs, "k_scale": 0.04})[0], dtype)
 
 
+def test_split_heuristic_fills_whole_waves():
+    """The split count's programs fill the SMs' slots (PROGRAMS_PER_SM, 3 for paged 16-bit caches) in whole waves:
+    no second wave less than half full (8 x 16K contiguous takes 8 splits, 512 programs of 528 slots, not 9)."""
+    h200 = Target(warp_size=32, num_sms=132, cuda_arch=90)
+    assert da.split_count(8, 8, 4, 16384, 128, "bfloat16", h200) == 8
+    for paged, per_sm in ((False, da.PROGRAMS_PER_SM), (True, da.PAGED_PROGRAMS_PER_SM)):
+        for batch, seqlen in ((1, 32768), (1, 131072), (8, 16384), (32, 8192), (4, 3000)):
+            splits = da.split_count(batch, 8, 4, seqlen, 128, "bfloat16", h200, paged)
+            blocks = -(-seqlen // 64)
+            programs = batch * 8 * -(-blocks // -(-blocks // splits))  # the non-empty splits' programs
+            last_wave = programs % (per_sm * h200.num_sms)
+            assert programs <= per_sm * h200.num_sms or last_wave == 0 or 2 * last_wave >= per_sm * h200.num_sms
+
+
 def test_split_heuristic_fills_the_gpu_for_one_long_sequence_only():
     """B = 1 with a long context splits its sequence across the SMs; a large batch fills the GPU alone and takes one
     split; short caches are never cut finer than MIN_SPLIT_BLOCKS blocks a split."""

@@ -24,9 +24,10 @@ Kernels (flash-decoding, split-KV; fp32 accumulation, log-sum-exps in base 2):
     combine is not launched.
   * combine: grid (B * T, Hq). out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), m = max_s lse_s; 0 where every
     split is empty (L_bt <= 0). COMBINE_SPLITS splits a load. Output in q's dtype.
-S (`split_count`) depends on shapes only (no host sync): enough programs to fill the target's multiprocessors
-(B = 1 with a long context splits it up to MAX_SPLITS ways, a large batch not at all), never splits shorter than
-MIN_SPLIT_BLOCKS blocks. Head dims up to 256, padded to a power of two >= 16 with masks. Offsets are 64-bit.
+S (`split_count`) depends on shapes only (no host sync): the count whose programs fill the target's multiprocessors in
+whole waves (B = 1 with a long context splits it up to MAX_SPLITS ways, a large batch not at all), never splits
+shorter than MIN_SPLIT_BLOCKS blocks. Head dims up to 256, padded to a power of two >= 16 with masks. Offsets are
+64-bit.
 """
 
 from __future__ import annotations
@@ -49,7 +50,12 @@ MAX_HEAD_DIM = 256
 MAX_SPLITS = 128
 MIN_SPLIT_BLOCKS = 2  # BLOCK_N blocks of positions a split gets at least (of the capacity)
 COMBINE_SPLITS = 16  # splits the combine loads at once
-PROGRAMS_PER_SM = 4  # split programs the heuristic aims for per multiprocessor
+# Split programs an SM holds at once (the unit of splits_for's waves), as Triton 3.6 allots registers for sm_90 to the
+# default tiles (`tile-kernels aot --report`): 4 (105 registers, contiguous 16-bit caches; 128 FP8 at pages >= 64);
+# paged 16-bit caches at head dim 128 take 148-152 registers: 3. Other head dims, fp32 and AMD: 4, unmeasured.
+PROGRAMS_PER_SM = 4
+PAGED_PROGRAMS_PER_SM = 3
+SPLIT_OVERHEAD_BLOCKS = 2  # a split program's fixed cost (q, its partial output), in blocks of positions
 # the int arguments the split kernel builds addresses from, passed in units of 16 (or 8) elements where they all
 # divide (plan.in_units): rows then start 16-byte aligned and the K / V rows load 16 bytes at a time
 UNIT_ARGS = ("head_dim", "stride_qb", "stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
@@ -283,22 +289,30 @@ def config(head_dim: int, group: int, dtype: str, target: Target, fp8: bool = Fa
     return block_g, block_n, block_d, warps, 1 if target.warp_size == 64 else 3 if fp8 else 2
 
 
-def split_count(batch: int, heads_k: int, group: int, seqlen_k: int, head_dim: int, dtype: str, target: Target) -> int:
-    """How many splits the sequences are cut into: enough programs for PROGRAMS_PER_SM per multiprocessor, at most
-    MAX_SPLITS, each split at least MIN_SPLIT_BLOCKS blocks of the capacity. A function of shapes only; `group`: the
-    rows of a key/value head (tokens x query heads)."""
-    block_g, block_n = config(head_dim, group, dtype, target)[:2]
-    return splits_for(batch * heads_k * cdiv(group, block_g), seqlen_k, block_n, target)
+def split_count(batch: int, heads_k: int, group: int, seqlen_k: int, head_dim: int, dtype: str, target: Target,
+                paged: bool = False, fp8: bool = False) -> int:  # fmt: skip
+    """How many splits the sequences are cut into (splits_for). A function of shapes only; `group`: the rows of a
+    key/value head (tokens x query heads)."""
+    block_g, block_n, block_d, warps = config(head_dim, group, dtype, target, fp8)[:4]
+    paged_16bit = paged and not fp8 and block_d == 128 and warps == 4 and target.warp_size == 32
+    resident = PAGED_PROGRAMS_PER_SM if paged_16bit else PROGRAMS_PER_SM
+    return splits_for(batch * heads_k * cdiv(group, block_g), seqlen_k, block_n, target, resident)
 
 
-def splits_for(programs: int, seqlen_k: int, block_n: int, target: Target) -> int:
-    """The split count of a split-KV kernel with `programs` programs a split and BLOCK_N positions a block: enough
-    programs for PROGRAMS_PER_SM per multiprocessor, at most MAX_SPLITS, each split at least MIN_SPLIT_BLOCKS blocks
-    of the capacity seqlen_k."""
+def splits_for(programs: int, seqlen_k: int, block_n: int, target: Target, resident: int = PROGRAMS_PER_SM) -> int:
+    """The split count S of a split-KV kernel with `programs` programs a split and BLOCK_N positions a block, from a
+    model of whole waves: resident x SMs programs run at once, so S splits of c blocks each (S' of them non-empty)
+    take ceil(programs x S' / (resident x SMs)) waves of c + SPLIT_OVERHEAD_BLOCKS; the S in [1, MAX_SPLITS] that
+    minimizes it, fewest on a tie, splits of at least MIN_SPLIT_BLOCKS blocks of the capacity seqlen_k. (A fixed
+    number of programs an SM lost up to 1.3x to a second, part-filled wave: benchmarks/results/h200/notes.md.)"""
     if programs == 0 or seqlen_k == 0:
         return 1
-    fill = cdiv(PROGRAMS_PER_SM * target.num_sms, programs)
-    return max(1, min(fill, cdiv(seqlen_k, MIN_SPLIT_BLOCKS * block_n), MAX_SPLITS))
+    blocks, slots = cdiv(seqlen_k, block_n), resident * target.num_sms
+    best = (math.inf, 1)
+    for splits in range(1, max(1, min(MAX_SPLITS, cdiv(blocks, MIN_SPLIT_BLOCKS))) + 1):
+        chunk = cdiv(blocks, splits)
+        best = min(best, (cdiv(programs * cdiv(blocks, chunk), slots) * (chunk + SPLIT_OVERHEAD_BLOCKS), splits))
+    return best[1]
 
 
 def default_scale(head_dim: int) -> float:
@@ -376,8 +390,9 @@ def forward(
     if empty:
         return Plan(inputs, buffers, (), ("out",))
     rows = tokens * (heads_q // heads_k)  # of a key/value head
-    block_g, block_n, block_d, warps, stages = config(head_dim, rows, dtype, target, cache_dtype == FP8)
-    splits = num_splits or split_count(batch, heads_k, rows, seqlen_k, head_dim, dtype, target)
+    fp8 = cache_dtype == FP8
+    block_g, block_n, block_d, warps, stages = config(head_dim, rows, dtype, target, fp8)
+    splits = num_splits or split_count(batch, heads_k, rows, seqlen_k, head_dim, dtype, target, paged, fp8)
     sq = tuple(strides_q) if strides_q is not None else (tokens * heads_q * head_dim, heads_q * head_dim, head_dim)
     positions = page_size if paged else seqlen_k  # per page (paged) or per sequence
     compact = (positions * heads_k * head_dim, heads_k * head_dim, head_dim)
