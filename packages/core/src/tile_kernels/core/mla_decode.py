@@ -159,9 +159,12 @@ def config(latent_dim: int, rope_dim: int, heads: int, dtype: str, target: Targe
 
 def split_count(batch: int, heads: int, seqlen_k: int, latent_dim: int, rope_dim: int, dtype: str,
                 target: Target) -> int:  # fmt: skip
-    """Splits of the sequences (decode_attention.splits_for), a function of shapes only."""
+    """Splits of the sequences (decode_attention.splits_for), a function of shapes only. Split programs an SM holds
+    at Dc 512 as Triton 3.6 builds them for sm_90 (shared memory bounds them): 1 with 64-head tiles (216 KiB), 2 with
+    16-head tiles (92 KiB); not timed."""
     block_h, block_n = config(latent_dim, rope_dim, heads, dtype, target)[:2]
-    return splits_for(batch * cdiv(heads, block_h), seqlen_k, block_n, target)
+    resident = 1 if block_h >= 64 else 2
+    return splits_for(batch * cdiv(heads, block_h), seqlen_k, block_n, target, resident)
 
 
 def default_scale(latent_dim: int, rope_dim: int) -> float:
