@@ -16,6 +16,7 @@ from test_ops import assert_close
 
 from tile_kernels.core import backends
 from tile_kernels.core import rms_norm as rms_core
+from tile_kernels.core.flash_attention_tilelang import BWD_CONFIGS
 
 COMPILED = ("tilelang", "cuda")
 gpu_only = pytest.mark.skipif(DEVICE != "gpu", reason="runs the compiled kernels")
@@ -582,6 +583,45 @@ def test_torch_flash_attention_tilelang_backward_matches_reference(
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2,
                                    msg=f"d{name}: autograd vs the backward it runs")  # fmt: skip
         torch.testing.assert_close(b.float(), c.float(), rtol=5e-2, atol=5e-2, msg=f"d{name}: vs Triton")
+
+
+@gpu_only
+@pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
+@pytest.mark.parametrize("head_dim, config", [(d, i) for d in (64, 128) for i in range(1, len(BWD_CONFIGS["sm90"][d]))])
+@pytest.mark.parametrize(
+    "batch, seqlen_q, seqlen_k, heads_q, heads_k, causal, window",
+    [
+        (2, 1000, 1000, 8, 2, False, (-1, -1)),  # several key blocks, a ragged last one, GQA 4
+        (1, 777, 1500, 4, 4, True, (-1, -1)),  # bottom-right causal, Sq < Sk
+        (1, 513, 513, 2, 1, False, (99, 20)),  # a band narrower than a block, MQA
+    ],
+)
+def test_torch_flash_attention_tilelang_backward_configurations_match_reference(
+    head_dim, config, batch, seqlen_q, seqlen_k, heads_q, heads_k, causal, window
+):  # fmt: skip
+    """Each non-default backward configuration of BWD_CONFIGS (the sweep's candidates, the ASYNC ones included): dq,
+    dk, dv against the float64 reference, bf16."""
+    import torch
+
+    from tile_kernels.core import flash_attention as fa_core
+    from tile_kernels.torch._runtime import Executor
+
+    gen = torch.Generator(device="cuda").manual_seed(seqlen_q + 7 * config + head_dim)
+    q, k, v = (torch.randn(batch, s, h, head_dim, device="cuda", generator=gen).to(torch.bfloat16)
+               for s, h in ((seqlen_q, heads_q), (seqlen_k, heads_k), (seqlen_k, heads_k)))  # fmt: skip
+    options = (causal, *window, head_dim**-0.5, 0.0)
+    out, lse = torch.ops.tile_kernels.flash_attention_fwd(q, k, v, *options, "tilelang")
+    dout = torch.randn(out.shape, device="cuda", generator=gen).to(torch.bfloat16)
+    plan = fa_core.compiled_backward("tilelang", batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim,
+                                     dtype="bfloat16", causal=causal, window=window, scale=None, softcap=0.0,
+                                     arch=90, config=config)  # fmt: skip
+    got = Executor(plan)(q, k, v, out, dout, lse, device=q.device)
+    kwargs = dict(q=q.float().cpu().numpy(), k=k.float().cpu().numpy(), v=v.float().cpu().numpy(), causal=causal,
+                  window=window, softmax_scale=None, softcap=0.0)  # fmt: skip
+    ref = fa_core.reference_vjp(kwargs, (dout.float().cpu().numpy(),))
+    for name, grad in zip("qkv", got):
+        assert not torch.isnan(grad).any(), name
+        assert_close(f"d{name}", grad.double().cpu().numpy(), ref[name], "bfloat16")
 
 
 @gpu_only

@@ -54,7 +54,7 @@ The band is the forward's: (left, right) runtime ints, query blocks outside it a
 entirely (inside Sq and Sk) skip the mask (a runtime test per block).
 Backward design limits: as the forward's, plus head dims up to 128 (dK and dV of a 128-key block take 128 fp32
 registers a thread at head dim 128; the 256 bucket would need 256), and dQ summed by fp32 atomics (not
-bit-deterministic run to run). Configurations (BLOCK_M, BLOCK_N, stages, threads): BWD_CONFIGS, the first per
+bit-deterministic run to run). Configurations (BLOCK_M, BLOCK_N, stages, threads, ASYNC): BWD_CONFIGS, the first per
 bucket the default, the others selected by a "_c<i>" suffix of the kernel name (the benchmark's sweep).
 """
 
@@ -84,12 +84,15 @@ CONFIGS = {
 # at head dim 128: K, V 32 KiB each, 2 stages of Q, dO 16 KiB each, dS^T 16 KiB, the dQ tile 32 KiB (fp32) ~ 177 KiB.
 # sm_80 / gfx942: one row split for all five GEMMs (4 warps of 16 key rows: the layouts of S^T and of dS^T as an
 # operand agree), smaller tiles; lowered and built by the AOT matrix, not measured.
+# ASYNC (the fifth field): S^T's and dP^T's wgmmas issued together and P^T's exponentials computed while dP^T's runs
+# (kernels without softcap; with it the synchronous order runs). Not yet timed: the sweep's candidates.
 BWD_HEAD_DIMS = (64, 128)
 BWD_CONFIGS = {
-    "sm90": {64: [(128, 128, 2, 256), (64, 128, 2, 256), (64, 128, 3, 256)],
-             128: [(64, 128, 2, 256), (64, 128, 3, 256)]},
-    "sm80": {64: [(64, 64, 2, 128)], 128: [(32, 64, 2, 128)]},
-    "hip": {64: [(32, 64, 1, 256)], 128: [(32, 64, 1, 256)]},
+    "sm90": {64: [(128, 128, 2, 256, False), (64, 128, 2, 256, False), (64, 128, 3, 256, False),
+                  (128, 128, 2, 256, True)],
+             128: [(64, 128, 2, 256, False), (64, 128, 3, 256, False), (64, 128, 2, 256, True)]},
+    "sm80": {64: [(64, 64, 2, 128, False)], 128: [(32, 64, 2, 128, False)]},
+    "hip": {64: [(32, 64, 1, 256, False)], 128: [(32, 64, 1, 256, False)]},
 }  # fmt: skip
 PRE_BLOCK = 64  # query rows per program of flash_bwd_pre / flash_bwd_post
 
@@ -345,12 +348,17 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
 
     d_pad, even, has_softcap, config = _parse(kernel)
     family = _family(tilelang_target)
-    block_m, block_n, stages, threads = BWD_CONFIGS[family][d_pad][config]
+    block_m, block_n, stages, threads, overlap = BWD_CONFIGS[family][d_pad][config]
+    overlap = overlap and not has_softcap  # softcap's dS^T needs tanh(S^T) beside P^T: the synchronous order
     dq_tma = family == "sm90"  # one TMA reduce-add per dQ tile (cp.reduce.async.bulk.tensor); atomics elsewhere
     f32 = "float32"
     B, SQ, SQP, SK, HQ, HK = T.dynamic("B SQ SQP SK HQ HK")
     D = d_pad if even else T.dynamic("D")
     hints = None if even else {"disable_tma": True}
+    # S^T's and dP^T's wgmmas issued without waiting (T.wait_wgmma(n): until n groups remain in flight). Only these
+    # two: TileLang releases a pipelined buffer to the producer right after its last GEMM is issued, so an async dV or
+    # dK GEMM would still read dO / Q while the producer's TMA refills them.
+    issue = {"wg_wait": -1} if overlap else None
 
     @T.prim_func
     def flash_bwd(
@@ -379,7 +387,7 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
             ds_tile = T.alloc_shared((block_n, block_m), dtype)
             dk_tile = T.alloc_shared((block_n, d_pad), dtype)
             dv_tile = T.alloc_shared((block_n, d_pad), dtype)
-            st = T.alloc_fragment((block_n, block_m), f32)  # S^T, then unused
+            st = T.alloc_fragment((block_n, block_m), f32)  # S^T (then P^T where ASYNC)
             dpt = T.alloc_fragment((block_n, block_m), f32)  # dP^T
             pt = T.alloc_fragment((block_n, block_m), dtype)  # P^T
             dst = T.alloc_fragment((block_n, block_m), dtype)  # dS^T
@@ -407,10 +415,12 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
                 m0 = (first + step % blocks) * block_m
                 T.copy(Q[b, m0 : m0 + block_m, h, 0:d_pad], q_tile, annotations=hints)
                 T.copy(LSE[b, h, m0 : m0 + block_m], lse)
-                T.gemm(k_tile, q_tile, st, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                T.gemm(k_tile, q_tile, st, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True,
+                       annotations=issue)  # fmt: skip
                 T.copy(DOUT[b, m0 : m0 + block_m, h, 0:d_pad], do_tile, annotations=hints)
                 T.copy(DELTA[b, h, m0 : m0 + block_m], delta)
-                T.gemm(v_tile, do_tile, dpt, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                T.gemm(v_tile, do_tile, dpt, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True,
+                       annotations=issue)  # fmt: skip
                 # every (key, query) pair of the block visible, inside Sq and Sk: no mask
                 partial = (
                     (n0 + left < m0 + block_m - 1 + shift)
@@ -418,7 +428,21 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
                     | (m0 + block_m > SQ)
                     | (n0 + block_n > SK)
                 )
-                if partial:
+                if overlap:  # P^T into st (fp32) while dP^T's wgmma runs
+                    T.wait_wgmma(1)
+                    if partial:
+                        for i, j in T.Parallel(block_n, block_m):
+                            diag = m0 + j + shift
+                            seen = (m0 + j < SQ) & (n0 + i < SK) & (n0 + i >= diag - left) & (n0 + i <= diag + right)
+                            st[i, j] = T.if_then_else(seen, T.exp2(st[i, j] * (scale * LOG2E) - lse[j]), 0)
+                    else:
+                        for i, j in T.Parallel(block_n, block_m):
+                            st[i, j] = T.exp2(st[i, j] * (scale * LOG2E) - lse[j])
+                    T.copy(st, pt)
+                    T.wait_wgmma(0)
+                    for i, j in T.Parallel(block_n, block_m):
+                        dst[i, j] = st[i, j] * (dpt[i, j] - delta[j])
+                elif partial:
                     for i, j in T.Parallel(block_n, block_m):
                         key = n0 + i
                         diag = m0 + j + shift
