@@ -26,7 +26,10 @@ from tile_kernels.torch.bench import _copy_gbs
 
 HQ, HK, D = 32, 8, 128
 LAYOUTS = (None, 16, 64)  # contiguous, then the page sizes
-CONFIGS = list(itertools.product((32, 64, 128), (4, 8), (2, 3)))  # BLOCK_N, num_warps, num_stages
+# BLOCK_N, num_warps, num_stages. Triton 3.6 double-buffers a paged cache's K / V tiles from 5 stages on (the page
+# lookup takes stages of its own; with 2-4 the next block's loads wait for the current block's dots), contiguous ones
+# from 3 (sm_90 SASS: the loop's cp.async wait)
+CONFIGS = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 5)))
 PROGRAMS_PER_SM = (2, 4, 8)
 
 
