@@ -152,8 +152,8 @@ WIDEN_E4M3_F16: tl.constexpr = tl.constexpr(
 @triton.jit
 def widen(codes, dtype: tl.constexpr, E4M3_ASM: tl.constexpr):
     """Cache values as `dtype` (q's): FP8 e4m3 codes through the integer widening above where E4M3_ASM (NVIDIA
-    sm_89+), else a cast (a no-op for caches in q's dtype). The asm is pure: marked impure, it kept the codes' 16-byte
-    shared-memory loads and ldmatrix (fewer registers on paper) but ran 1.1-1.2x slower on the H200 with Triton 3.6."""
+    sm_89+), else a cast (a no-op for caches in q's dtype). The asm is pure: marked impure it kept the codes' 16-byte
+    shared-memory loads and ldmatrix, with fewer registers, but measured slower (benchmarks/results/h200/notes.md)."""
     if E4M3_ASM:
         bits = codes.to(tl.uint8, bitcast=True)
         if dtype == tl.bfloat16:
@@ -303,8 +303,8 @@ def splits_for(programs: int, seqlen_k: int, block_n: int, target: Target, resid
     """The split count S of a split-KV kernel with `programs` programs a split and BLOCK_N positions a block, from a
     model of whole waves: resident x SMs programs run at once, so S splits of c blocks each (S' of them non-empty)
     take ceil(programs x S' / (resident x SMs)) waves of c + SPLIT_OVERHEAD_BLOCKS; the S in [1, MAX_SPLITS] that
-    minimizes it, fewest on a tie, splits of at least MIN_SPLIT_BLOCKS blocks of the capacity seqlen_k. (A fixed
-    number of programs an SM lost up to 1.3x to a second, part-filled wave: benchmarks/results/h200/notes.md.)"""
+    minimizes it, fewest on a tie, splits of at least MIN_SPLIT_BLOCKS blocks of the capacity seqlen_k: no second
+    wave that runs part-filled."""
     if programs == 0 or seqlen_k == 0:
         return 1
     blocks, slots = cdiv(seqlen_k, block_n), resident * target.num_sms
