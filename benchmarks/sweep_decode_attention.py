@@ -1,5 +1,6 @@
-"""Sweep of decode_attention's split kernel (BLOCK_N, num_warps, num_stages) and split heuristic (PROGRAMS_PER_SM)
-on the current GPU: device time of CUDA-graph replays (triton.testing.do_bench_cudagraph) and % of the copy bandwidth
+"""Sweep of decode_attention's split kernel (BLOCK_N, num_warps, num_stages) and of the split model's slots (split
+programs an SM; --programs N sets PROGRAMS_PER_SM and PAGED_PROGRAMS_PER_SM both, the module's values otherwise) on
+the current GPU: device time of CUDA-graph replays (triton.testing.do_bench_cudagraph) and % of the copy bandwidth
 `tile-kernels bench` measures, for the KV bytes, Llama-3-8B's GQA (32 query heads over 8 KV heads, head dim 128,
 bf16; --fp8: FP8 e4m3 caches with per-tensor scales), every sequence full, at the benchmark's batch x context sizes,
 contiguous and paged (pages of 16 and 64 in a shuffled block table), each configuration checked against the default's
@@ -30,7 +31,6 @@ LAYOUTS = (None, 16, 64)  # contiguous, then the page sizes
 # lookup takes stages of its own; with 2-4 the next block's loads wait for the current block's dots), contiguous ones
 # from 3 (sm_90 SASS: the loop's cp.async wait)
 CONFIGS = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 5)))
-PROGRAMS_PER_SM = (2, 4, 8)
 
 
 def inputs(batch, seqlen, page, g, fp8=False):
@@ -54,7 +54,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", action="append", help="batch,context (default: the benchmark's DECODE_SIZES)")
     parser.add_argument("--layout", action="append", help="contiguous or a page size (default: contiguous, 16, 64)")
-    parser.add_argument("--programs", action="append", type=int, help=f"PROGRAMS_PER_SM (default {PROGRAMS_PER_SM})")
+    parser.add_argument("--programs", action="append", type=int, help="split programs an SM (default: the module's)")
     parser.add_argument("--fp8", action="store_true", help="FP8 e4m3 caches")
     parser.add_argument("--default-tiles", action="store_true", help="only the default tiles (the split heuristic)")
     parser.add_argument("--out")
@@ -66,25 +66,28 @@ def main(argv=None):
     copy = _copy_gbs(torch.device("cuda"))  # the bench's copy ceiling
     say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} "
         f"GB/s, {'FP8 e4m3' if args.fp8 else 'bf16'} caches")  # fmt: skip
-    default_config, default_programs = core.config, core.PROGRAMS_PER_SM
+    default_config, default_slots = core.config, (core.PROGRAMS_PER_SM, core.PAGED_PROGRAMS_PER_SM)
+
+    def use(config, programs):
+        """The split kernel's tiles (config: core.config's function) and the model's slots (None: the module's)."""
+        core.config = config
+        core.PROGRAMS_PER_SM, core.PAGED_PROGRAMS_PER_SM = default_slots if programs is None else (programs,) * 2
+        _runtime._cached_executor.cache_clear()
+
     g = torch.Generator("cuda").manual_seed(0)
     for (batch, seqlen), page in itertools.product(sizes, layouts):
         case = f"{batch}x{seqlen} {'contiguous' if page is None else f'page {page}'}"
         x, kw = inputs(batch, seqlen, page, g, args.fp8)
         kv_gb = 2 * batch * seqlen * HK * D * cache_bytes / 1e9
-        core.config, core.PROGRAMS_PER_SM = default_config, default_programs
-        _runtime._cached_executor.cache_clear()
+        use(default_config, None)
         want = tk.decode_attention(*x, **kw)
         results = []
         configs = [(None, None, None), *([] if args.default_tiles else CONFIGS)]  # None: the default tiles
-        for (block_n, warps, stages), programs in itertools.product(configs, args.programs or PROGRAMS_PER_SM):
-            if block_n is None:  # the defaults' tiles under each split heuristic
-                core.config = default_config
-            else:
-                core.config = lambda *a, _c=(16, block_n, D, warps, stages), **k: _c
-            core.PROGRAMS_PER_SM = programs
-            _runtime._cached_executor.cache_clear()
-            label = f"{'default tiles' if block_n is None else (block_n, warps, stages)} programs/SM {programs}"
+        for (block_n, warps, stages), programs in itertools.product(configs, args.programs or [None]):
+            tiles = (16, block_n, D, warps, stages)
+            use(default_config if block_n is None else lambda *a, _c=tiles, **k: _c, programs)
+            name = "default tiles" if block_n is None else (block_n, warps, stages)
+            label = f"{name} programs/SM {programs or 'default'}"
             try:
                 err = (tk.decode_attention(*x, **kw).float() - want.float()).abs().max().item()
                 ms = triton.testing.do_bench_cudagraph(lambda x=x, kw=kw: tk.decode_attention(*x, **kw))
@@ -95,7 +98,7 @@ def main(argv=None):
             say(f"{case} {label}: {ms * 1e3:.1f} us {kv_gb / ms * 1e3 / copy:.0%} of copy err {err:.3g}")
         ms, label = min(results)
         say(f"BEST {case}: {label} {ms * 1e3:.1f} us {kv_gb / ms * 1e3 / copy:.0%} of copy")
-    core.config, core.PROGRAMS_PER_SM = default_config, default_programs
+    use(default_config, None)
     say.save()
 
 
