@@ -34,7 +34,13 @@ TRITON_TYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8
 
 def dtype_name(dtype: Any) -> str:
     """'float32' for torch.float32, jnp.float32, np.dtype('float32') and 'float32' alike."""
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+_DTYPE_NAMES: dict = {}  # dtype -> name: every eager call asks, and str() of a dtype builds a new string
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,12 @@ class Target:
     warp_size: int = 32
     num_sms: int = 4
     cuda_arch: int = 0
+
+    def __hash__(self) -> int:  # the dataclass's own hash rebuilds a tuple on every plan-cache lookup
+        return self._hash
+
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash((self.warp_size, self.num_sms, self.cuda_arch)))
 
 
 @dataclass(frozen=True)

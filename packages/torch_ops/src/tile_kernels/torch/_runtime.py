@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 
 import torch
 from torch._functorch import config as functorch_config
@@ -38,6 +39,7 @@ _POISON = poisoning()  # read once, as Triton reads its switch
 _compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _functorch_transforms = torch._C._are_functorch_transforms_active
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def eager_op(name: str, impl, setup_context=None, backward=None, mutates_args=(), register=triton_op):
@@ -48,7 +50,7 @@ def eager_op(name: str, impl, setup_context=None, backward=None, mutates_args=()
     gradient is wanted; the registered op otherwise. Both ways differentiate alike. The call's `.register_fake` is
     the op's."""
     op = register(f"tile_kernels::{name}", mutates_args=mutates_args)(impl)
-    function = None  # a filled closure cell: triton_op inspects the closures of the functions its body calls
+    apply = None  # a filled closure cell: triton_op inspects the closures of the functions its body calls
     if backward is not None:
         op.register_autograd(backward, setup_context=setup_context)
 
@@ -59,18 +61,21 @@ def eager_op(name: str, impl, setup_context=None, backward=None, mutates_args=()
 
         function = type(name, (torch.autograd.Function,),
                         {"forward": staticmethod(forward), "backward": staticmethod(backward)})  # fmt: skip
+        # Function.apply without its Python layer (default-argument binding, unwrapping dead functorch wrappers):
+        # the call below sends functorch's tensors to the op, and the class has no setup_context to bind for
+        apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
 
     def call(*args):
         if _compiling() or _dispatch_modes() or _functorch_transforms():
             return op(*args)
         wants_grad = False
-        for a in args:  # a tensor subclass (DTensor) goes to the op; note whether a tensor wants a gradient
+        for a in args:  # a tensor subclass (DTensor) or a functorch wrapper goes to the op; does a tensor want a grad
             if isinstance(a, torch.Tensor):
-                if type(a) not in _PLAIN:
+                if type(a) not in _PLAIN or _functorch_wrapped(a):
                     return op(*args)
                 wants_grad = wants_grad or a.requires_grad
-        if wants_grad and backward is not None and torch.is_grad_enabled():
-            return function.apply(*args)
+        if wants_grad and apply is not None and torch.is_grad_enabled():
+            return apply(*args)
         return impl(*args)
 
     call.register_fake = op.register_fake
@@ -213,16 +218,17 @@ class Executor:
         self.buffers = [(n, s.shape, getattr(torch, s.dtype), s.zeroed) for n, s in plan.buffers.items()]
         kinds = {Gemm: _GemmStep, Call: _CallStep}
         self.steps = [kinds.get(type(s), _LaunchStep)(s, slots) for s in plan.launches]
-        self.outputs = [slots[name] for name in plan.outputs]
+        outputs = operator.itemgetter(*(slots[name] for name in plan.outputs))
+        self.outputs = outputs if len(plan.outputs) > 1 else lambda tensors: (outputs(tensors),)
 
     def __call__(self, *inputs: torch.Tensor, device: torch.device, shapes=None) -> tuple[torch.Tensor, ...]:
         """Runs the plan on `inputs` (tensors whose pointers the kernels read: any shape with the plan's layout).
         shapes: {buffer name: shape, or a tensor of that shape} to allocate buffers in (the caller's shapes, the same
         elements), the plan's shapes otherwise; a buffer given a contiguous tensor of its dtype is allocated like it
         (torch.empty_like: a third of torch.empty's host time)."""
-        shapes = shapes or {}
-        buffers = (allocate(shapes.get(n, s), dtype, zeroed, device) for n, s, dtype, zeroed in self.buffers)
-        tensors = [*inputs, *buffers]
+        tensors = list(inputs)
+        for name, shape, dtype, zeroed in self.buffers:
+            tensors.append(allocate(shape if shapes is None else shapes.get(name, shape), dtype, zeroed, device))
         if type(inputs[0]) in _PLAIN:  # real tensors (an op's body traced by torch.compile sees fake ones)
             for step in self.steps:
                 step.run(tensors, device)
@@ -230,7 +236,7 @@ class Executor:
             for step in self.steps:
                 step.trace(tensors)
         # tracing on the CPU: shapes only (the interpreter cannot run on fake tensors; the ops stay graph nodes)
-        return tuple(tensors[i] for i in self.outputs)
+        return self.outputs(tensors)
 
 
 def allocate(like, dtype: torch.dtype, zeroed: bool, device) -> torch.Tensor:
