@@ -12,7 +12,8 @@ then sum of exp); x[target] is gathered, not reduced. Wider rows (128K vocabular
 SEGMENT classes of a row writes the segment's (max, sum of exp, sum), a second launch combines them per row (one
 read of the logits, one exp a logit; a row per program streaming its chunks was latency-bound and spent two exps a
 logit on the online rescaling, kept only where fused_linear_cross_entropy writes the gradient in place in a second
-pass over the row). A reduction ('mean' / 'sum') is a last, one-program launch over the per-row losses.
+pass over the row). A reduction ('mean' / 'sum') is a last, one-program launch over the per-row losses; where one
+program of the forward holds all rows of a problem (small inputs: a host-bound call), it reduces them itself (REDUCE).
 Bytes per logit (s = element size; design limit): forward s, plus per row the target read and 12 bytes written
 (loss, lse, valid flag; the reduction reads 8 of them again), backward 2s. The backward recomputes softmax from the
 saved lse, fully parallel over (row, vocabulary block). A target outside [0, V) that is not ignore_index gives a NaN
@@ -95,26 +96,30 @@ def _load_tile(LOGITS, TARGET, r, row_end, V, stride_row, cols):
 
 @triton.jit
 def _row_losses(LOSS, LSE, VALID, r, row_end, lse, x_t, sum_x, t, V, ignore_index, smoothing, SMOOTH: tl.constexpr,
-                HAS_VALID: tl.constexpr):  # fmt: skip
-    """Stores the losses (0 for ignored rows), lse and valid flags of rows r (vectors, or scalars for one row);
-    returns the ignored mask."""
+                HAS_VALID: tl.constexpr, PER_ROW: tl.constexpr):  # fmt: skip
+    """Stores the lse of rows r (vectors, or scalars for one row) and, PER_ROW, their losses (0 for ignored rows) and
+    valid flags; returns the ignored mask, and the losses and valid flags with 0 past row_end (for a sum)."""
     loss = tl.where((t >= 0) & (t < V), lse - x_t, float("nan"))
     if SMOOTH:
         loss = (1.0 - smoothing) * loss + smoothing * (lse - sum_x / V)
     ignored = t == ignore_index
     mask = r < row_end
-    tl.store(LOSS + r, tl.where(ignored, 0.0, loss).to(LOSS.dtype.element_ty), mask=mask)
+    loss = tl.where(ignored, 0.0, loss)
+    valid = tl.where(ignored, 0.0, 1.0)
+    if PER_ROW:
+        tl.store(LOSS + r, loss.to(LOSS.dtype.element_ty), mask=mask)
+        if HAS_VALID:
+            tl.store(VALID + r, valid, mask=mask)
     tl.store(LSE + r, lse, mask=mask)
-    if HAS_VALID:
-        tl.store(VALID + r, tl.where(ignored, 0.0, 1.0), mask=mask)
-    return ignored
+    return ignored, tl.where(mask, loss, 0.0), tl.where(mask, valid, 0.0)
 
 
 @triton.jit
 def _tile_losses(x, t, x_t, r, row_end, cols, V, ignore_index, smoothing, LOSS, LSE, VALID, DLOGITS,
-                 SMOOTH: tl.constexpr, HAS_VALID: tl.constexpr, WRITE_GRAD: tl.constexpr):  # fmt: skip
+                 SMOOTH: tl.constexpr, HAS_VALID: tl.constexpr, WRITE_GRAD: tl.constexpr,
+                 PER_ROW: tl.constexpr):  # fmt: skip
     """Losses, lse, valid flags (and with WRITE_GRAD the unit-cotangent gradient) of a tile of rows r, x its logits
-    in fp32 (-inf past V); rows from row_end on are skipped."""
+    in fp32 (-inf past V); rows from row_end on are skipped. Returns the losses and valid flags (_row_losses)."""
     x = tl.where((r < row_end)[:, None], x.to(tl.float32), 0.0)  # rows past the end: finite, never stored
     m = tl.max(x, axis=1)
     e = tl.exp(x - m[:, None])
@@ -123,8 +128,8 @@ def _tile_losses(x, t, x_t, r, row_end, cols, V, ignore_index, smoothing, LOSS, 
     sum_x = tl.zeros_like(lse)
     if SMOOTH:
         sum_x = tl.sum(tl.where((cols < V)[None, :], x, 0.0), axis=1)
-    ignored = _row_losses(LOSS, LSE, VALID, r, row_end, lse, x_t.to(tl.float32), sum_x, t, V, ignore_index, smoothing,
-                          SMOOTH, HAS_VALID)  # fmt: skip
+    ignored, loss, valid = _row_losses(LOSS, LSE, VALID, r, row_end, lse, x_t.to(tl.float32), sum_x, t, V,
+                                       ignore_index, smoothing, SMOOTH, HAS_VALID, PER_ROW)  # fmt: skip
     if WRITE_GRAD:  # softmax - (1 - eps) * onehot - eps / V, times 0 for ignored rows
         d = e * (1.0 / s)[:, None] - tl.where(cols[None, :] == t[:, None], 1.0 - smoothing, 0.0)
         if SMOOTH:
@@ -132,6 +137,7 @@ def _tile_losses(x, t, x_t, r, row_end, cols, V, ignore_index, smoothing, LOSS, 
         d = tl.where(ignored[:, None], 0.0, d)
         tl.store(DLOGITS + r[:, None] * V + cols[None, :], d.to(DLOGITS.dtype.element_ty),
                  mask=(r < row_end)[:, None] & (cols < V)[None, :])  # fmt: skip
+    return loss, valid
 
 
 @triton.jit
@@ -139,10 +145,12 @@ def cross_entropy_fwd_kernel(
     LOGITS, TARGET, rows, V, stride_row, ignore_index, smoothing,
     LOSS, LSE, VALID, DLOGITS,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, ONE_BLOCK: tl.constexpr, SMOOTH: tl.constexpr,
-    HAS_VALID: tl.constexpr, WRITE_GRAD: tl.constexpr, UNIT: tl.constexpr,
+    HAS_VALID: tl.constexpr, WRITE_GRAD: tl.constexpr, REDUCE: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (G, batch), persistent: program g handles tiles g, g + G, ... of BLOCK_M rows of its problem. LOSS gets a
-    row's loss (0 when ignored), LSE its log-sum-exp, VALID (for a reduction) 1.0 or 0.0 for an ignored row. With
+    row's loss (0 when ignored), LSE its log-sum-exp, VALID (for a reduction) 1.0 or 0.0 for an ignored row. REDUCE
+    (1 sum, 2 mean; ONE_BLOCK and G = 1 only): LOSS[b] gets the problem's sum or mean of the losses instead and
+    VALID[b] its count of rows not ignored, as loss_reduce_kernel would from the per-row values. With
     WRITE_GRAD, DLOGITS (rows of V, may be LOGITS itself) gets the row's gradient for a unit cotangent (0 when
     ignored). ONE_BLOCK: a tile [BLOCK_M, BLOCK_V] in registers, the next tile's loads in flight while this one
     reduces (a row per program ran at a third of copy speed: one 8 KiB load, then three dependent block reductions).
@@ -159,12 +167,21 @@ def cross_entropy_fwd_kernel(
         cols = tl.arange(0, BLOCK_V)
         r = row0 + g * BLOCK_M + tl.arange(0, BLOCK_M)
         nxt = _load_tile(LOGITS, TARGET, r, row_end, V, stride_row, cols)
+        total = tl.zeros([BLOCK_M], dtype=tl.float32)
+        count = tl.zeros([BLOCK_M], dtype=tl.float32)
         for _ in range(g, tl.cdiv(rows, BLOCK_M), G):
             x, t, x_t = nxt
             nxt = _load_tile(LOGITS, TARGET, r + G * BLOCK_M, row_end, V, stride_row, cols)
-            _tile_losses(x, t, x_t, r, row_end, cols, V, ignore_index, smoothing, LOSS, LSE, VALID, DLOGITS, SMOOTH,
-                         HAS_VALID, WRITE_GRAD)  # fmt: skip
+            loss, valid = _tile_losses(x, t, x_t, r, row_end, cols, V, ignore_index, smoothing, LOSS, LSE, VALID,
+                                       DLOGITS, SMOOTH, HAS_VALID, WRITE_GRAD, REDUCE == 0)  # fmt: skip
+            total += loss
+            count += valid
             r += G * BLOCK_M
+        if REDUCE != 0:
+            total_sum, count_sum = tl.sum(total, axis=0), tl.sum(count, axis=0)
+            b = tl.program_id(1)
+            tl.store(LOSS + b, (total_sum / count_sum if REDUCE == 2 else total_sum).to(LOSS.dtype.element_ty))
+            tl.store(VALID + b, count_sum)
     else:
         for row in range(row0 + g, row_end, G):
             x_ptr = LOGITS + row * stride_row
@@ -182,8 +199,9 @@ def cross_entropy_fwd_kernel(
                     x_lane += tl.where(cols < V, x, 0.0)
             m, s = online_max_sum_total(m_lane, s_lane)
             lse = m + tl.log(s)
-            ignored = _row_losses(LOSS, LSE, VALID, row, row_end, lse, tl.sum(t_lane, axis=0), tl.sum(x_lane, axis=0),
-                                  t, V, ignore_index, smoothing, SMOOTH, HAS_VALID)  # fmt: skip
+            ignored, _, _ = _row_losses(LOSS, LSE, VALID, row, row_end, lse, tl.sum(t_lane, axis=0),
+                                        tl.sum(x_lane, axis=0), t, V, ignore_index, smoothing, SMOOTH, HAS_VALID,
+                                        True)  # fmt: skip
             if WRITE_GRAD:
                 g_row = tl.where(ignored, 0.0, 1.0)
                 for start in range(0, V, BLOCK_V):
@@ -254,8 +272,8 @@ def cross_entropy_combine_kernel(
     t = tl.load(TARGET + r, mask=r < row_end, other=0).to(tl.int64)
     x_t = tl.load(LOGITS + r * stride_row + t, mask=(r < row_end) & (t >= 0) & (t < V), other=0.0).to(tl.float32)
     lse = shift + tl.log(tl.where(r < row_end, total, 1.0))
-    _row_losses(LOSS, LSE, VALID, r, row_end, lse, x_t, sum_x, t, V, ignore_index, smoothing, SMOOTH,
-                HAS_VALID)  # fmt: skip
+    _row_losses(LOSS, LSE, VALID, r, row_end, lse, x_t, sum_x, t, V, ignore_index, smoothing, SMOOTH, HAS_VALID,
+                True)  # fmt: skip
 
 
 @triton.jit
@@ -328,18 +346,34 @@ def check(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0
 Ref = str | Rows | None
 
 
-def forward_launch(
-    batch: int, rows: int, n_classes: int, *, logits: Ref, labels: Ref, loss: Ref, lse: Ref, valid: Ref = None,
-    dlogits: Ref = None, ignore_index: int, label_smoothing: float, target: Target, stride_row: int | None = None,
-) -> Launch:  # fmt: skip
-    """The forward kernel over batch*rows rows of logits; `valid` (fp32 flags) for a reduction; `dlogits` for the
-    unit-cotangent gradient (may be `logits`: in place)."""
+def _forward_grid(rows: int, n_classes: int, target: Target) -> tuple[int, bool, int, int, int]:
+    """(block, one_block, warps, tile_rows, programs a problem) of the forward kernel."""
     block, one_block, warps = row_block(n_classes, target)
     programs, tile_rows = rows, 1  # streamed rows: a program per row
     if one_block:  # persistent programs over tiles, as many as fill each SM's 2048 threads (registers permitting)
         tile_rows = max(1, TILE // block)
         warps = max(TILE_MIN_WARPS, row_block(tile_rows * block, target, per_thread=TILE_PER_THREAD)[2])
         programs = programs_per_problem(cdiv(rows, tile_rows), target, waves=max(1, 2048 // (warps * target.warp_size)))
+    return block, one_block, warps, tile_rows, programs
+
+
+def reduces_in_one_program(rows: int, n_classes: int, target: Target) -> bool:
+    """Whether one program of the forward holds all `rows` (>= 1) of a problem, and so can reduce them itself."""
+    _, one_block, _, _, programs = _forward_grid(rows, n_classes, target)
+    return rows >= 1 and n_classes <= MAX_ROW_BLOCK and one_block and programs == 1
+
+
+def forward_launch(
+    batch: int, rows: int, n_classes: int, *, logits: Ref, labels: Ref, loss: Ref, lse: Ref, valid: Ref = None,
+    dlogits: Ref = None, ignore_index: int, label_smoothing: float, target: Target, stride_row: int | None = None,
+    reduction: str = "none",
+) -> Launch:  # fmt: skip
+    """The forward kernel over batch*rows rows of logits; `valid` (fp32 flags) for a reduction; `dlogits` for the
+    unit-cotangent gradient (may be `logits`: in place). reduction 'sum' / 'mean' (where reduces_in_one_program):
+    `loss` (batch,) gets the reduced loss and `valid` (batch,) the count."""
+    block, one_block, warps, tile_rows, programs = _forward_grid(rows, n_classes, target)
+    if reduction != "none" and not reduces_in_one_program(rows, n_classes, target):
+        raise ValueError(f"forward_launch: reduction {reduction!r} needs one program a problem ({programs} here)")
     launch = Launch(
         cross_entropy_fwd_kernel,
         grid=(programs, batch),
@@ -347,7 +381,8 @@ def forward_launch(
                float(label_smoothing)),
         writes=(loss, lse, valid, dlogits),
         constexprs=dict(BLOCK_M=tile_rows, BLOCK_V=block, ONE_BLOCK=one_block, SMOOTH=label_smoothing > 0,
-                        HAS_VALID=valid is not None, WRITE_GRAD=dlogits is not None),
+                        HAS_VALID=valid is not None, WRITE_GRAD=dlogits is not None,
+                        REDUCE=REDUCTIONS.index(reduction)),
         num_warps=warps,
     )  # fmt: skip
     return in_units(launch, "V", "stride_row")
@@ -392,19 +427,26 @@ def forward(
     fp32 (count: non-ignored rows; zeros for 'none')."""
     reduced = reduction != "none"
     empty = batch * rows == 0
-    reducing = reduced and batch > 0  # a reduction launch runs (also for rows == 0: the mean of nothing is NaN)
+    in_one = reduced and batch > 0 and reduces_in_one_program(rows, n_classes, target)  # the forward reduces
+    reducing = reduced and batch > 0 and not in_one  # a reduction launch runs (rows == 0 too: a mean of nothing is NaN)
     buffers = {
         "loss": BufferSpec((batch,) if reduced else (batch, rows), dtype, zeroed=empty and not reducing),
         "lse": BufferSpec((batch, rows), "float32", zeroed=empty),
-        "count": BufferSpec((batch,), "float32", zeroed=not reducing),
+        "count": BufferSpec((batch,), "float32", zeroed=not (reducing or in_one)),
     }
-    if reduced:  # per-row losses and valid flags
+    if reducing:  # per-row losses and valid flags
         buffers |= {n: BufferSpec((batch, max(rows, 1)), "float32", zeroed=empty) for n in ("row_loss", "valid")}
     launches = []
-    outs = dict(loss="row_loss" if reduced else "loss", lse="lse", valid="valid" if reduced else None)
+    outs = dict(loss="row_loss" if reducing else "loss", lse="lse", valid="valid" if reducing else None)
     stride_row = n_classes if stride_row is None else stride_row
     if empty:
         pass
+    elif in_one:
+        launches.append(
+            forward_launch(batch, rows, n_classes, logits="logits", labels="target", loss="loss", lse="lse",
+                           valid="count", ignore_index=ignore_index, label_smoothing=label_smoothing, target=target,
+                           stride_row=stride_row, reduction=reduction)
+        )  # fmt: skip
     elif n_classes <= MAX_ROW_BLOCK:
         launches.append(
             forward_launch(batch, rows, n_classes, logits="logits", labels="target", **outs, ignore_index=ignore_index,
@@ -422,7 +464,7 @@ def forward(
                    ("logits", "target", "partial", rows, n_classes, stride_row, ignore_index, float(label_smoothing)),
                    (outs["loss"], "lse", outs["valid"]),
                    dict(BLOCK_M=COMBINE_ROWS, BLOCK_S=COMBINE_SEGMENTS, SEGMENT=SEGMENT, SMOOTH=smooth,
-                        HAS_VALID=reduced), num_warps=4),
+                        HAS_VALID=reducing), num_warps=4),
         ]  # fmt: skip
     if reducing:
         launches.append(reduce_launch(batch, rows, reduction, row_loss="row_loss", valid="valid", loss="loss",
@@ -531,7 +573,7 @@ def plans(target: Target):
                         kw = dict(dtype=dtype, target_dtype=target_dtype, reduction=reduction, ignore_index=-100,
                                   label_smoothing=smoothing, target=target)  # fmt: skip
                         yield forward(1, 4, n, **kw)
-                        yield forward(1, 16, n, **kw)  # 16 rows: the loss reduction launched with UNIT = 16
+                        yield forward(1, 16, n, **kw)  # 16 rows: (wide rows) the loss reduction with UNIT = 16
                         yield backward(1, 4, n, **kw)
 
 
