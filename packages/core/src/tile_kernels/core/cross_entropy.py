@@ -13,7 +13,7 @@ SEGMENT classes of a row writes the segment's (max, sum of exp, sum), a second l
 read of the logits, one exp a logit; a row per program streaming its chunks was latency-bound and spent two exps a
 logit on the online rescaling, kept only where fused_linear_cross_entropy writes the gradient in place in a second
 pass over the row). A reduction ('mean' / 'sum') is a last, one-program launch over the per-row losses; where one
-program of the forward holds all rows of a problem (small inputs: a host-bound call), it reduces them itself (REDUCE).
+tile of the forward holds all rows of a problem (small inputs: a host-bound call), its program reduces them (REDUCE).
 Bytes per logit (s = element size; design limit): forward s, plus per row the target read and 12 bytes written
 (loss, lse, valid flag; the reduction reads 8 of them again), backward 2s. The backward recomputes softmax from the
 saved lse, fully parallel over (row, vocabulary block). A target outside [0, V) that is not ignore_index gives a NaN
@@ -149,8 +149,8 @@ def cross_entropy_fwd_kernel(
 ):  # fmt: skip
     """Grid (G, batch), persistent: program g handles tiles g, g + G, ... of BLOCK_M rows of its problem. LOSS gets a
     row's loss (0 when ignored), LSE its log-sum-exp, VALID (for a reduction) 1.0 or 0.0 for an ignored row. REDUCE
-    (1 sum, 2 mean; ONE_BLOCK and G = 1 only): LOSS[b] gets the problem's sum or mean of the losses instead and
-    VALID[b] its count of rows not ignored, as loss_reduce_kernel would from the per-row values. With
+    (1 sum, 2 mean; only where one tile holds all rows of a problem): LOSS[b] gets the problem's sum or mean of the
+    losses instead and VALID[b] its count of rows not ignored, as loss_reduce_kernel would from the per-row values. With
     WRITE_GRAD, DLOGITS (rows of V, may be LOGITS itself) gets the row's gradient for a unit cotangent (0 when
     ignored). ONE_BLOCK: a tile [BLOCK_M, BLOCK_V] in registers, the next tile's loads in flight while this one
     reduces (a row per program ran at a third of copy speed: one 8 KiB load, then three dependent block reductions).
@@ -166,22 +166,22 @@ def cross_entropy_fwd_kernel(
         # the next tile's loads are in flight while this one reduces (software pipelining by hand)
         cols = tl.arange(0, BLOCK_V)
         r = row0 + g * BLOCK_M + tl.arange(0, BLOCK_M)
-        nxt = _load_tile(LOGITS, TARGET, r, row_end, V, stride_row, cols)
-        total = tl.zeros([BLOCK_M], dtype=tl.float32)
-        count = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for _ in range(g, tl.cdiv(rows, BLOCK_M), G):
-            x, t, x_t = nxt
-            nxt = _load_tile(LOGITS, TARGET, r + G * BLOCK_M, row_end, V, stride_row, cols)
+        if REDUCE != 0:  # one tile holds the problem's rows: their losses summed here
+            x, t, x_t = _load_tile(LOGITS, TARGET, r, row_end, V, stride_row, cols)
             loss, valid = _tile_losses(x, t, x_t, r, row_end, cols, V, ignore_index, smoothing, LOSS, LSE, VALID,
-                                       DLOGITS, SMOOTH, HAS_VALID, WRITE_GRAD, REDUCE == 0)  # fmt: skip
-            total += loss
-            count += valid
-            r += G * BLOCK_M
-        if REDUCE != 0:
-            total_sum, count_sum = tl.sum(total, axis=0), tl.sum(count, axis=0)
+                                       DLOGITS, SMOOTH, HAS_VALID, WRITE_GRAD, False)  # fmt: skip
+            total, count = tl.sum(loss, axis=0), tl.sum(valid, axis=0)
             b = tl.program_id(1)
-            tl.store(LOSS + b, (total_sum / count_sum if REDUCE == 2 else total_sum).to(LOSS.dtype.element_ty))
-            tl.store(VALID + b, count_sum)
+            tl.store(LOSS + b, (total / count if REDUCE == 2 else total).to(LOSS.dtype.element_ty))
+            tl.store(VALID + b, count)
+        else:
+            nxt = _load_tile(LOGITS, TARGET, r, row_end, V, stride_row, cols)
+            for _ in range(g, tl.cdiv(rows, BLOCK_M), G):
+                x, t, x_t = nxt
+                nxt = _load_tile(LOGITS, TARGET, r + G * BLOCK_M, row_end, V, stride_row, cols)
+                _tile_losses(x, t, x_t, r, row_end, cols, V, ignore_index, smoothing, LOSS, LSE, VALID, DLOGITS,
+                             SMOOTH, HAS_VALID, WRITE_GRAD, True)  # fmt: skip
+                r += G * BLOCK_M
     else:
         for row in range(row0 + g, row_end, G):
             x_ptr = LOGITS + row * stride_row
@@ -358,9 +358,9 @@ def _forward_grid(rows: int, n_classes: int, target: Target) -> tuple[int, bool,
 
 
 def reduces_in_one_program(rows: int, n_classes: int, target: Target) -> bool:
-    """Whether one program of the forward holds all `rows` (>= 1) of a problem, and so can reduce them itself."""
-    _, one_block, _, _, programs = _forward_grid(rows, n_classes, target)
-    return rows >= 1 and n_classes <= MAX_ROW_BLOCK and one_block and programs == 1
+    """Whether one tile of the forward holds all `rows` (>= 1) of a problem, so that its program can reduce them."""
+    _, one_block, _, tile_rows, _ = _forward_grid(rows, n_classes, target)
+    return 1 <= rows <= tile_rows and n_classes <= MAX_ROW_BLOCK and one_block
 
 
 def forward_launch(
@@ -373,7 +373,7 @@ def forward_launch(
     `loss` (batch,) gets the reduced loss and `valid` (batch,) the count."""
     block, one_block, warps, tile_rows, programs = _forward_grid(rows, n_classes, target)
     if reduction != "none" and not reduces_in_one_program(rows, n_classes, target):
-        raise ValueError(f"forward_launch: reduction {reduction!r} needs one program a problem ({programs} here)")
+        raise ValueError(f"forward_launch: reduction {reduction!r} needs one tile a problem ({rows} rows here)")
     launch = Launch(
         cross_entropy_fwd_kernel,
         grid=(programs, batch),
