@@ -33,14 +33,9 @@ TRITON_TYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8
 
 
 def dtype_name(dtype: Any) -> str:
-    """'float32' for torch.float32, jnp.float32, np.dtype('float32') and 'float32' alike."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
-
-
-_DTYPE_NAMES: dict = {}  # dtype -> name: every eager call asks, and str() of a dtype builds a new string
+    """'float32' for torch.float32, jnp.float32, np.dtype('float32') and 'float32' alike. (No cache: torch.compile
+    traces this, and a cache filled while it traces fails the guard it just made.)"""
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
