@@ -163,7 +163,6 @@ def cross_entropy_fwd_kernel(
     row0 = tl.program_id(1).to(tl.int64) * rows
     row_end = row0 + rows
     if ONE_BLOCK:
-        # the next tile's loads are in flight while this one reduces (software pipelining by hand)
         cols = tl.arange(0, BLOCK_V)
         r = row0 + g * BLOCK_M + tl.arange(0, BLOCK_M)
         if REDUCE != 0:  # one tile holds the problem's rows: their losses summed here
@@ -174,7 +173,7 @@ def cross_entropy_fwd_kernel(
             b = tl.program_id(1)
             tl.store(LOSS + b, (total / count if REDUCE == 2 else total).to(LOSS.dtype.element_ty))
             tl.store(VALID + b, count)
-        else:
+        else:  # the next tile's loads are in flight while this one reduces (software pipelining by hand)
             nxt = _load_tile(LOGITS, TARGET, r, row_end, V, stride_row, cols)
             for _ in range(g, tl.cdiv(rows, BLOCK_M), G):
                 x, t, x_t = nxt
@@ -573,7 +572,7 @@ def plans(target: Target):
                         kw = dict(dtype=dtype, target_dtype=target_dtype, reduction=reduction, ignore_index=-100,
                                   label_smoothing=smoothing, target=target)  # fmt: skip
                         yield forward(1, 4, n, **kw)
-                        yield forward(1, 16, n, **kw)  # 16 rows: (wide rows) the loss reduction with UNIT = 16
+                        yield forward(1, 16, n, **kw)  # 16 rows over 2+ tiles: the reduction launch, UNIT = 16
                         yield backward(1, 4, n, **kw)
 
 
