@@ -218,8 +218,8 @@ class Executor:
         self.buffers = [(n, s.shape, getattr(torch, s.dtype), s.zeroed) for n, s in plan.buffers.items()]
         kinds = {Gemm: _GemmStep, Call: _CallStep}
         self.steps = [kinds.get(type(s), _LaunchStep)(s, slots) for s in plan.launches]
-        outputs = operator.itemgetter(*(slots[name] for name in plan.outputs))
-        self.outputs = outputs if len(plan.outputs) > 1 else lambda tensors: (outputs(tensors),)
+        pick = operator.itemgetter(*(slots[name] for name in plan.outputs))  # a tuple only for two or more
+        self.pick_outputs = pick if len(plan.outputs) > 1 else lambda tensors: (pick(tensors),)
 
     def __call__(self, *inputs: torch.Tensor, device: torch.device, shapes=None) -> tuple[torch.Tensor, ...]:
         """Runs the plan on `inputs` (tensors whose pointers the kernels read: any shape with the plan's layout).
@@ -236,7 +236,7 @@ class Executor:
             for step in self.steps:
                 step.trace(tensors)
         # tracing on the CPU: shapes only (the interpreter cannot run on fake tensors; the ops stay graph nodes)
-        return self.outputs(tensors)
+        return self.pick_outputs(tensors)
 
 
 def allocate(like, dtype: torch.dtype, zeroed: bool, device) -> torch.Tensor:
