@@ -359,7 +359,7 @@ def _forward_grid(rows: int, n_classes: int, target: Target) -> tuple[int, bool,
 def reduces_in_one_program(rows: int, n_classes: int, target: Target) -> bool:
     """Whether one tile of the forward holds all `rows` (>= 1) of a problem, so that its program can reduce them."""
     _, one_block, _, tile_rows, _ = _forward_grid(rows, n_classes, target)
-    return 1 <= rows <= tile_rows and n_classes <= MAX_ROW_BLOCK and one_block
+    return one_block and 1 <= rows <= tile_rows
 
 
 def forward_launch(
