@@ -209,7 +209,8 @@ def main() -> None:
     run(x, w, device=dev)
     step = run.steps[0]
     tensors = [x, w, torch.empty_like(x), torch.empty(4, device=dev)]
-    launch_args = step._arguments(tensors)
+    addresses = [t.data_ptr() for t in tensors] + run.constants  # the Executor's lists
+    launch_args, launch_addresses = step.arguments(tensors + run.constants), step.arguments(addresses)
     bound, function, metadata = next(iter(step.bound.values()))
     stream = _runtime._stream(dev.index)
     rows = {
@@ -240,8 +241,11 @@ def main() -> None:
             stride_residual=None,
         ),  # fmt: skip
         "plan run (Executor)": lambda: run(x, w, device=dev),
-        "bound launch": lambda: bound(
+        "bound launch, tensors": lambda: bound(
             *step.grid, stream, function, metadata, None, None, None, *launch_args, *step.constexprs
+        ),  # fmt: skip
+        "bound launch, addresses (as run)": lambda: bound(
+            *step.grid, stream, function, metadata, None, None, None, *launch_addresses, *step.constexprs
         ),  # fmt: skip
         "Triton's launch (kernel[grid])": lambda: step.launch.kernel[step.grid](*launch_args, **step.options),
         "torch.empty": lambda: torch.empty((4, 256), dtype=torch.bfloat16, device=dev),

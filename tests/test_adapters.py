@@ -264,6 +264,55 @@ def test_torch_checks_passed_once_still_reject_what_differs():
 
 
 @needs_torch
+@pytest.mark.skipif(DEVICE != "cpu", reason="simulates the GPU launch path in the interpreter")
+def test_torch_bound_launch_gets_each_pointer_as_its_address(monkeypatch):
+    """The eager GPU path (_runtime._LaunchStep.run), run on the CPU: an aligned call goes to the bound launcher with
+    each pointer as the address of the tensor the plan names (a view of buffer rows at its offset, an absent pointer
+    as the launch's written buffer), then the scalars and the constexprs; a call with a misaligned input goes through
+    Triton's own launch (here the interpreter), which computes the right result."""
+    import inspect
+    import types
+
+    import torch
+    import triton
+    import triton.language as tl
+
+    from tile_kernels.core import Plan
+    from tile_kernels.core.plan import BufferSpec, Launch, Rows
+    from tile_kernels.torch import _runtime
+
+    @triton.jit
+    def scaled_rows(x_ptr, scale, unused_ptr, y_ptr, N: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, N)
+        tl.store(y_ptr + row * N + cols, tl.load(x_ptr + row * N + cols) * scale)
+
+    # what the GPU path reads of a compiled (not interpreted) kernel
+    scaled_rows.params = [types.SimpleNamespace(name=n, default=p.default)
+                          for n, p in inspect.signature(scaled_rows.fn).parameters.items()]  # fmt: skip
+    monkeypatch.setattr(_runtime, "_INTERPRETING", False)
+    monkeypatch.setattr(_runtime, "_current_device", lambda: 0)
+    monkeypatch.setattr(_runtime, "_stream", lambda index: 7)
+    launch = Launch(scaled_rows, (2,), reads=("x", 2.0, None), writes=(Rows("y", 1, 3),), constexprs={"N": 8})
+    plan = Plan({"x": "float32"}, {"y": BufferSpec((4, 8), "float32", zeroed=True)}, (launch,), ("y",))
+    run = _runtime.Executor(plan)
+    calls = []
+    run.steps[0].bound[(0, True)] = (lambda *args: calls.append(args), "function", "metadata")
+
+    x = torch.randn(2, 8)
+    (y,) = run(x, device=torch.device("cpu"))
+    view = y[1:3].data_ptr()
+    assert calls == [(2, 1, 1, 7, "function", "metadata", None, None, None, x.data_ptr(), 2.0, view, view, 8)]
+    assert view == y.data_ptr() + 8 * 4 and not y.any()  # the launch was only recorded
+
+    misaligned = torch.randn(17)[1:].view(2, 8)  # 4 bytes past an allocation
+    (y,) = run(misaligned, device=torch.device("cpu"))
+    assert len(calls) == 1
+    torch.testing.assert_close(y[1:3], misaligned * 2.0, rtol=0, atol=0)
+    assert not y[0].any() and not y[3].any()
+
+
+@needs_torch
 def test_torch_mixed_devices_raise():
     import torch
 

@@ -15,7 +15,8 @@ launch; weight and bias are shared or one per problem).
 In-register rows (n <= MAX_ROW_BLOCK forward, <= BACKWARD_MAX_ROW_BLOCK backward): one read of each input, one write
 of each output: the algorithmic minimum. The forward runs a program per row; the backward a persistent grid of a
 few programs per SM, each keeping dweight/dbias partials in registers (reduced by `sum_partials`) and loading the
-next row while the current one reduces.
+next row while the current one reduces; up to ONE_PROGRAM_ROWS rows, one program per problem, which writes dweight /
+dbias itself (one launch and no partials: the calls small enough to be bound by host time).
 
 Wider rows are split across programs, in two launches, since a row's statistics need the whole row before any
 output element and no program holds it (one launch would need programs that wait for each other: an ordered task
@@ -50,6 +51,7 @@ from .registry import BadInput, Cost, not_arrays, round_to
 from .rows import MAX_ROW_BLOCK, WIDTH_BUCKETS, programs_per_problem, row_block, sum_partials
 
 BACKWARD_MAX_ROW_BLOCK = 8192  # in-register rows of the backward (h, dy, dh, weight and two accumulators live)
+ONE_PROGRAM_ROWS = 8  # rows a problem's in-register backward handles in one program (one launch, no partials)
 SPLIT_BLOCK = 8192  # elements of a row segment, one program each, in the split forward and the split backward's dx
 BACKWARD_STATS_TILE = (1, 2048)  # rows x columns a step of the split backward's statistics program
 # Programs of the split backward's statistics launch per SM, keyed (is_rms, has_bias, fp32 input): all resident at
@@ -230,7 +232,7 @@ def norm_bwd_kernel(
     UNIT: tl.constexpr,
 ):  # fmt: skip
     """Grid (G, batch): program g handles rows g, g + G, ... of its problem, each in registers (up to BLOCK_N
-    elements), and writes DW/DB_PARTIAL[b, g, :]."""
+    elements), and writes DW/DB_PARTIAL[b, g, :] (fp32 partials; with G = 1 the gradients, in their dtype)."""
     N, stride_dy, stride_h, stride_w, stride_dh = (N * UNIT, stride_dy * UNIT, stride_h * UNIT, stride_w * UNIT,
                                                    stride_dh * UNIT)  # fmt: skip
     g = tl.program_id(0)
@@ -261,9 +263,9 @@ def norm_bwd_kernel(
         tl.store(DX + row * N + cols, dx.to(DX.dtype.element_ty), mask=mask)
         dw += dy * xhat
         db += dy
-    tl.store(DW_PARTIAL + partial + cols, dw, mask=mask)
+    tl.store(DW_PARTIAL + partial + cols, dw.to(DW_PARTIAL.dtype.element_ty), mask=mask)
     if HAS_BIAS:
-        tl.store(DB_PARTIAL + partial + cols, db, mask=mask)
+        tl.store(DB_PARTIAL + partial + cols, db.to(DB_PARTIAL.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -459,7 +461,10 @@ def backward(
         warps = _warps(block, target)
         # enough programs to fill every SM with 2048 threads (narrow rows: many one-warp programs), at most 32 per SM
         programs = programs_per_problem(rows, target, waves=max(1, min(32, 2048 // (warps * target.warp_size))))
-        buffers |= {p: BufferSpec((batch, programs, n), "float32") for p in partials}
+        if rows <= ONE_PROGRAM_ROWS:  # the one program writes the gradients themselves
+            programs, partials = 1, grads
+        else:
+            buffers |= {p: BufferSpec((batch, programs, n), "float32") for p in partials}
         launches = (
             in_units(Launch(
                 norm_bwd_kernel,
@@ -469,7 +474,8 @@ def backward(
                 constexprs=dict(IS_RMS=is_rms, HAS_DH=has_dh, HAS_BIAS=has_bias, BLOCK_N=block),
                 num_warps=warps,
             ), "N", "stride_dy", "stride_h", "stride_w", "stride_dh"),
-        ) + tuple(sum_partials(p, name, batch, programs, n, target) for p, name in zip(partials, grads))  # fmt: skip
+        ) + tuple(sum_partials(p, name, batch, programs, n, target) for p, name in zip(partials, grads)
+                  if p != name)  # fmt: skip
     else:  # split rows: row sums and weight-gradient partials, then dx (see the module docstring)
         tile_rows, tile_cols = BACKWARD_STATS_TILE
         chunks = cdiv(n, tile_cols)

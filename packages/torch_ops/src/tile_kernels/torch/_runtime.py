@@ -209,17 +209,33 @@ def executor(builder, *args, **kwargs) -> Executor:
 
 
 class Executor:
-    """Runs one Plan: allocates its buffers, then runs its steps over a flat list of tensors (inputs, then buffers)
-    whose slots were resolved once, when the Executor was built."""
+    """Runs one Plan over a flat list of tensors: the inputs, the buffers it allocates, the views of buffer rows its
+    steps name (`Rows`, made once a call), then its launches' scalar arguments; each step picks its arguments from
+    that list by positions resolved once, when the Executor was built."""
 
     def __init__(self, plan: Plan):
         self.plan = plan
-        slots = {name: i for i, name in enumerate((*plan.inputs, *plan.buffers))}
+        names = (*plan.inputs, *plan.buffers)
         self.buffers = [(n, s.shape, getattr(torch, s.dtype), s.zeroed) for n, s in plan.buffers.items()]
+        self.views: list[tuple[int, int, int]] = []  # (slot, start, stop) of each use of a Rows reference
+        self.constants: list = []  # the launches' scalar arguments, after the views
+        slots = {name: i for i, name in enumerate(names)}
+
+        def slot(ref) -> int:
+            if not isinstance(ref, Rows):
+                return slots[ref]
+            self.views.append((slots[ref.name], ref.start, ref.stop))  # one a use: symbolic bounds do not hash
+            return len(names) + len(self.views) - 1
+
         kinds = {Gemm: _GemmStep, Call: _CallStep}
-        self.steps = [kinds.get(type(s), _LaunchStep)(s, slots) for s in plan.launches]
-        pick = operator.itemgetter(*(slots[name] for name in plan.outputs))  # a tuple only for two or more
-        self.pick_outputs = pick if len(plan.outputs) > 1 else lambda tensors: (pick(tensors),)
+        self.steps = [kinds.get(type(s), _LaunchStep)(s, slot) for s in plan.launches]
+        base = len(names) + len(self.views)
+        for step in self.steps:  # scalar arguments: position -(j + 1) stands for constant j of the step
+            if isinstance(step, _LaunchStep):
+                step.bind_constants(base + len(self.constants), len(plan.inputs), len(names))
+                self.constants += step.constants
+        self.pick_outputs = picker([slots[name] for name in plan.outputs])
+        self.launches_bound = not _INTERPRETING and any(isinstance(s, _LaunchStep) for s in self.steps)
 
     def __call__(self, *inputs: torch.Tensor, device: torch.device, shapes=None) -> tuple[torch.Tensor, ...]:
         """Runs the plan on `inputs` (tensors whose pointers the kernels read: any shape with the plan's layout).
@@ -229,14 +245,30 @@ class Executor:
         tensors = list(inputs)
         for name, shape, dtype, zeroed in self.buffers:
             tensors.append(allocate(shape if shapes is None else shapes.get(name, shape), dtype, zeroed, device))
-        if type(inputs[0]) in _PLAIN:  # real tensors (an op's body traced by torch.compile sees fake ones)
+        for i, start, stop in self.views:
+            tensors.append(tensors[i][start:stop])
+        real = type(inputs[0]) in _PLAIN  # real tensors (an op's body traced by torch.compile sees fake ones)
+        # the same list with each tensor's address: what the bound launchers take (see _LaunchStep)
+        addresses = [t.data_ptr() for t in tensors] + self.constants if real and self.launches_bound else None
+        tensors += self.constants
+        if real:
             for step in self.steps:
-                step.run(tensors, device)
+                step.run(tensors, addresses, device)
         elif not _INTERPRETING:  # tracing: the kernels as graph nodes
             for step in self.steps:
                 step.trace(tensors)
         # tracing on the CPU: shapes only (the interpreter cannot run on fake tensors; the ops stay graph nodes)
         return self.pick_outputs(tensors)
+
+
+def picker(positions: list[int]):
+    """operator.itemgetter(*positions), returning a tuple for any number of positions."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    if positions:
+        pick = operator.itemgetter(positions[0])
+        return lambda items: (pick(items),)
+    return lambda items: ()
 
 
 def allocate(like, dtype: torch.dtype, zeroed: bool, device) -> torch.Tensor:
@@ -246,21 +278,12 @@ def allocate(like, dtype: torch.dtype, zeroed: bool, device) -> torch.Tensor:
         if not (zeroed or _POISON) and like.dtype == dtype and like.is_contiguous():
             return torch.empty_like(like)
         like = like.shape
+    # size= as a keyword: torch's argument parser takes it in half the time of a positional shape
     if zeroed:
-        return torch.zeros(like, dtype=dtype, device=device)
+        return torch.zeros(size=like, dtype=dtype, device=device)
     if _POISON and dtype.is_floating_point:
-        return torch.full(like, float("nan"), dtype=dtype, device=device)
-    return torch.empty(like, dtype=dtype, device=device)
-
-
-def _slot(ref, slots):
-    """A plan reference as (slot, start, stop): rows [start, stop) of the slot's tensor, or all of it (None)."""
-    return (slots[ref.name], ref.start, ref.stop) if isinstance(ref, Rows) else (slots[ref], None, None)
-
-
-def _get(tensors, slot):
-    i, start, stop = slot
-    return tensors[i] if start is None else tensors[i][start:stop]
+        return torch.full(size=like, fill_value=float("nan"), dtype=dtype, device=device)
+    return torch.empty(size=like, dtype=dtype, device=device)
 
 
 class _LaunchStep:
@@ -268,17 +291,21 @@ class _LaunchStep:
     `JITFunction.run` ends in, without re-binding and re-specializing the arguments on every call): bound per device,
     for calls whose pointers are all 16-byte aligned. Pointer alignment is the one property of a call's tensors that
     Triton specializes on and a cached plan does not fix (their dtypes, the ints and the constexprs are the plan's);
-    a call with a misaligned pointer goes through Triton's own launch, which specializes per pointer."""
+    a call with a misaligned pointer goes through Triton's own launch, which specializes per pointer. Only inputs and
+    views of buffer rows can be misaligned: the buffers are the allocator's (512-byte aligned).
+    The bound launcher gets each pointer as its address (an int): given a tensor, Triton's launcher would call its
+    data_ptr() and validate it with a driver query (cuPointerGetAttribute), pointer by pointer, at every launch; the
+    adapter has checked the devices already."""
 
-    def __init__(self, launch, slots):
+    def __init__(self, launch, slot):
         self.launch = launch
         names = launch.reads + launch.writes
         # an absent pointer gets a buffer the kernel writes anyway: torch.compile's analysis of what a kernel
         # mutates may count every pointer argument as written, and an input passed there would be an input mutated
         refs = [a for a in launch.writes if is_ref(a)] or [a for a in launch.reads if is_ref(a)]
-        anchor = _slot(refs[0], slots)
-        self.args = [_slot(a, slots) if is_ref(a) else anchor if a is None else a for a in names]
-        self.tensor_args = [i for i, a in enumerate(names) if is_ref(a) or a is None]
+        anchor = slot(refs[0])
+        self.constants = [a for a in names if not (is_ref(a) or a is None)]
+        self.positions = [slot(a) if is_ref(a) else anchor if a is None else None for a in names]
         kernel = launch.kernel
         self.grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
         self.options = dict(launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
@@ -287,39 +314,44 @@ class _LaunchStep:
             defaults = {p.name: p.default for p in kernel.params}
             self.constexprs = tuple(launch.constexprs.get(n, defaults[n]) for n in kernel.arg_names[len(names) :])
 
-    def _arguments(self, tensors):
-        args = list(self.args)
-        for i in self.tensor_args:
-            args[i] = _get(tensors, args[i])
-        return args
+    def bind_constants(self, first: int, inputs: int, buffers_end: int) -> None:
+        """The step's scalars sit at `first`... of the Executor's list; slots below `inputs` are inputs and slots from
+        `buffers_end` on (before the scalars) views: the tensors whose alignment a call checks."""
+        constant = iter(range(first, first + len(self.constants)))
+        positions = [next(constant) if p is None else p for p in self.positions]
+        self.arguments = picker(positions)
+        self.unaligned_candidates = picker(sorted({p for p in positions if p < inputs or buffers_end <= p < first}))
 
-    def run(self, tensors, device):
-        args = self._arguments(tensors)
+    def run(self, tensors, addresses, device):
+        """Launches on the tensors of the Executor's list; `addresses`: the same list with the tensors' addresses
+        (None in the interpreter)."""
         kernel = self.launch.kernel
         if _INTERPRETING:
-            kernel[self.grid](*args, **self.options)
+            kernel[self.grid](*self.arguments(tensors), **self.options)
             return
-        index, current = device.index, torch.cuda.current_device()
+        index = device.index
+        current = _current_device()
         if index is None:  # "cuda": the current device
             index = current
         elif index != current:  # Triton compiles, loads and launches on the current device
             with torch.cuda.device(index):
-                return self.run(tensors, device)
+                return self.run(tensors, addresses, device)
         misaligned = 0
-        for i in self.tensor_args:
-            misaligned |= args[i].data_ptr()
+        for address in self.unaligned_candidates(addresses):
+            misaligned |= address
         key = (index, misaligned & 15 == 0)  # every pointer 16-byte aligned (the common case), or not all
         bound = self.bound.get(key)
         if bound is None or not key[1] or _profiled():  # first call (compiles), misaligned pointers, a profiler
-            compiled = kernel[self.grid](*args, **self.options)  # Triton specializes on each pointer's alignment
+            compiled = kernel[self.grid](*self.arguments(tensors), **self.options)  # specializes on each pointer
             if key[1]:
                 self.bound[key] = (compiled.run, compiled.function, compiled.packed_metadata)
             return
         run, function, metadata = bound
-        run(*self.grid, _stream(index), function, metadata, None, None, None, *args, *self.constexprs)
+        run(*self.grid, _stream(index), function, metadata, None, None, None, *self.arguments(addresses),
+            *self.constexprs)  # fmt: skip
 
     def trace(self, tensors):
-        wrap_triton(self.launch.kernel)[self.grid](*self._arguments(tensors), **self.options)
+        wrap_triton(self.launch.kernel)[self.grid](*self.arguments(tensors), **self.options)
 
 
 class _CallStep:
@@ -328,12 +360,12 @@ class _CallStep:
     the first run, where a build error surfaces. torch.compile cannot trace these calls: the ops that make them are
     custom ops with fake implementations."""
 
-    def __init__(self, call: Call, slots):
+    def __init__(self, call: Call, slot):
         self.load, self.function = call.load, None
-        self.args = [slots[name] for name in call.reads + call.writes]
+        self.args = [slot(name) for name in call.reads + call.writes]
         self.attrs = tuple(call.attrs.values())
 
-    def run(self, tensors, device=None):
+    def run(self, tensors, addresses=None, device=None):
         if self.function is None:
             self.function = self.load()
         self.function(*(tensors[i] for i in self.args), *self.attrs)
@@ -342,12 +374,12 @@ class _CallStep:
 class _GemmStep:
     """torch's matmul (cuBLAS / hipBLAS: fp32 accumulation) into the plan's buffer; += through addmm's beta = 1."""
 
-    def __init__(self, gemm: Gemm, slots):
+    def __init__(self, gemm: Gemm, slot):
         self.gemm = gemm
-        self.a, self.b, self.out = (_slot(r, slots) for r in (gemm.a, gemm.b, gemm.out))
+        self.a, self.b, self.out = slot(gemm.a), slot(gemm.b), slot(gemm.out)
 
-    def run(self, tensors, device=None):
-        a, b, out = _get(tensors, self.a), _get(tensors, self.b), _get(tensors, self.out)
+    def run(self, tensors, addresses=None, device=None):
+        a, b, out = tensors[self.a], tensors[self.b], tensors[self.out]
         a, b = a.t() if self.gemm.trans_a else a, b.t() if self.gemm.trans_b else b
         if self.gemm.accumulate:
             out.addmm_(a, b)
@@ -355,6 +387,10 @@ class _GemmStep:
             torch.mm(a, b, out=out)
 
     trace = run
+
+
+# torch.cuda.current_device without its lazy-initialization check: a launch's tensors are on an initialized device
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 
 def _stream(index: int) -> int:

@@ -19,7 +19,8 @@ from tile_kernels.core import rms_norm as rms_core
 from ._calls import cuda_arch, resolve_backend
 from ._runtime import as_rows, compiled_op, eager_op, executor, register_public_op, target, validated
 
-NO_TENSOR = (0,)  # shape of the placeholder returned for an absent output (h without residual, dbias without bias)
+NO_TENSOR = 0  # size of the (0,)-shaped placeholder of an absent output (h without residual, dbias without bias);
+# an int: new_empty parses it in half the time of a tuple
 
 
 def _forward(x, weight, bias, residual, eps, is_rms):
@@ -40,7 +41,7 @@ def _forward(x, weight, bias, residual, eps, is_rms):
 
 
 def _backward(dy, h, weight, mean, rstd, dh, has_bias, is_rms):
-    """(dx, dweight, dbias or placeholder); dx is also the residual's gradient."""
+    """(dx, dweight, dbias or None); dx is also the residual's gradient."""
     n = h.shape[-1]
     weight = weight.contiguous()
     (dy2, _, stride_dy), (h2, rows, stride_h) = as_rows(dy, n), as_rows(h, n)
@@ -53,7 +54,7 @@ def _backward(dy, h, weight, mean, rstd, dh, has_bias, is_rms):
     stats = (rstd.contiguous(),) if is_rms else (mean.contiguous(), rstd.contiguous())  # the kernels' own, compact
     inputs = (dy2, h2, weight, *stats) + ((dh2,) if dh is not None else ())
     grads = run(*inputs, device=h.device, shapes={"dx": h, "dweight": (n,), "dbias": (n,)})
-    return grads[0], grads[1], grads[2] if has_bias else weight.new_empty(NO_TENSOR)
+    return grads[0], grads[1], grads[2] if has_bias else None
 
 
 # --------------------------------------------------------------------------------------------------------- rms_norm
@@ -192,7 +193,8 @@ def _layer_bwd(
     dh: torch.Tensor | None, has_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Returns (dx, dweight, dbias); dbias is an empty placeholder when has_bias is False."""
-    return _backward(dy, h, weight, mean, rstd, dh, has_bias=has_bias, is_rms=False)
+    dx, dweight, dbias = _backward(dy, h, weight, mean, rstd, dh, has_bias=has_bias, is_rms=False)
+    return dx, dweight, weight.new_empty(NO_TENSOR) if dbias is None else dbias
 
 
 def _layer_setup_context(ctx, inputs, output):

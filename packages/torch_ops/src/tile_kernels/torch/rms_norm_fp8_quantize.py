@@ -9,8 +9,7 @@ from tile_kernels.core import dtype_name
 from tile_kernels.core import rms_norm_fp8_quantize as core
 
 from ._runtime import eager_op, executor, register_public_op, target, unit_last, validated
-
-NO_TENSOR = (0,)  # shape of the placeholder h without a residual
+from .norms import NO_TENSOR
 
 
 def _fwd(
