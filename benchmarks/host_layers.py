@@ -47,6 +47,7 @@ def main() -> None:
     gate, up = torch.randn(4, 256, requires_grad=True), torch.randn(4, 256, requires_grad=True)
     r, dy = torch.randn(4, 256), torch.randn(4, 256)
     labels = torch.randint(0, 256, (4,))
+    q, kv = torch.randn(1, 4, 4, 64, requires_grad=True), torch.randn(1, 4, 4, 64, requires_grad=True)  # B S H D
     rows = {  # name: (tile-kernels, torch)
         "rms_norm": (lambda: tk.rms_norm(x, w), lambda: F.rms_norm(x, (256,), w)),
         "rms_norm+residual": (lambda: tk.rms_norm(x, w, residual=r)[0], lambda: F.rms_norm(x + r, (256,), w)),
@@ -54,17 +55,24 @@ def main() -> None:
         "softmax": (lambda: tk.softmax(x), lambda: F.softmax(x, -1)),
         "swiglu": (lambda: tk.swiglu(gate, up), lambda: F.silu(gate) * up),
         "cross_entropy": (lambda: tk.cross_entropy(x, labels), lambda: F.cross_entropy(x, labels)),
+        "flash_attention": (
+            lambda: tk.flash_attention(q, kv, kv, causal=True).sum(),
+            lambda: F.scaled_dot_product_attention(q, kv, kv, is_causal=True).sum(),
+        ),
     }
 
     def step(fn):
         def run():
             out = fn()
             out.backward(dy if out.dim() else None)
-            x.grad = w.grad = gate.grad = up.grad = None
+            x.grad = w.grad = gate.grad = up.grad = q.grad = kv.grad = None
 
         return run
 
-    print("4 x 256 float32, us a call (best of 9 rounds); fwd: forward with autograd recording, step: fwd + backward")
+    print(
+        "4 x 256 float32 (attention: 1 x 4 x 4 x 64, causal), us a call (best of 9 rounds); fwd: forward with "
+        "autograd recording, step: fwd + backward"
+    )
     print(f"{'op':18s} {'tk fwd':>8s} {'torch fwd':>10s} {'tk step':>8s} {'torch step':>11s}")
     for name, (ours, theirs) in rows.items():
         if args.op and name not in args.op:
