@@ -10,7 +10,8 @@ Kernels (`blocks` picks one and its tiles; each streams K in BLOCK_K steps, a st
 BLOCK_N) read once as coalesced rows of N int32, unpacked in registers by shifts and masks; the weights are read once
 per row block, so at decode sizes the kernels stream the int4 weights, a quarter of fp16's bytes):
   * dequant_gemv_kernel, one row of `a` (decode at batch 1): FMA units, per-word partial sums, the codes turned into
-    floats by their bits (1 + code / 16), the group's zero and scale applied once per step.
+    floats by their bits (1 + code / 256 or / 16, two codes a shift), the group's zero and scale applied once per
+    step. Relative error ~2^-18 in float32 (the int4 codes' own is 2^-4).
   * dequant_matmul_kernel, tensor cores, fp32 accumulation. Where a step lies in one group (BLOCK_K divides
     group_size) the scale can follow the product: s (a @ (MAGIC + code) - (MAGIC + z) rowsum(a)), MAGIC + code made
     by OR-ing the code into the float MAGIC (`magic`), so W is never formed (POST_SCALE, decode sizes); at 128-deep
@@ -134,28 +135,33 @@ def dequant_matmul_kernel(
 
 
 @triton.jit
-def _one_plus_code_16th(packed, j: tl.constexpr):
-    """1 + code / 16 in float32 for nibble j of each word: the nibble moved to the top of the mantissa of 1.0 (bits
-    19 .. 22) by one shift and one and-or: exact, no integer-to-float conversion, no subtraction."""
-    if 4 * j <= 19:
-        moved = packed << (19 - 4 * j)
+def _pair(packed, j: tl.constexpr, one):
+    """Nibbles j and j + 1 of each word as floats 1 + code / 256 and 1 + code / 16: one shift moves the pair to bits
+    15 .. 22 (the top of the mantissa), an and-or each keeps one nibble over the bits of 1.0 (`one`, a register: with
+    two immediates ptxas takes two instructions for it). Exact; no integer-to-float conversion."""
+    if 4 * j <= 15:
+        moved = packed << (15 - 4 * j)
     else:
-        moved = packed >> (4 * j - 19)
-    return ((moved & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+        moved = packed >> (4 * j - 15)
+    low = ((moved & 0x78000) | one).to(tl.float32, bitcast=True)
+    high = ((moved & 0x780000) | one).to(tl.float32, bitcast=True)
+    return low, high
 
 
 @triton.jit
 def dequant_gemv_kernel(
-    A, QW, S, Z, M, N, K, group_size, stride_a, stride_qw, stride_s, stride_z,
+    A, QW, S, Z, M, N, K, group_size, stride_a, stride_qw, stride_s, stride_z, one,
     OUT,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_ZEROS: tl.constexpr,
 ):  # fmt: skip
     """As dequant_matmul_kernel for one row of `a` (grid (cdiv(N, BLOCK_N), M, SPLIT_K)), on the FMA units: a step's
     words (BLOCK_K / 8, BLOCK_N) stay in the layout they are loaded in (the next step's load issued before this
-    step's math); nibble j of every word, as x = 1 + code / 16, multiplies the element k = 8 i + j of `a` into
-    per-word partial sums p = sum_j a_j x_j, so that sum_j a_j (code_j - z) = 16 p - (16 + z) sum_j a_j; the sum over
-    the words is taken once, after the loop. Per weight element: a shift, an and-or and a multiply-add. BLOCK_K
-    divides group_size."""
+    step's math). Nibble pair (j, j + 1) of every word, as x = 1 + code / 256 and y = 1 + code / 16 (`_pair`),
+    multiplies elements k = 8 i + j and 8 i + j + 1 of `a`, the even one scaled by 16, into per-word partial sums
+    p = sum_even 16 a x + sum_odd a y = sum_even 16 a + sum_odd a + sum a code / 16; the sum over the words is
+    taken once, after the loop.
+    Per weight element: half a shift, an and-or and a multiply-add. BLOCK_K divides group_size. `one`: the bits of
+    1.0f (0x3F800000), an argument so that it stays in a register."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     words = tl.arange(0, BLOCK_K // 8)
@@ -171,18 +177,25 @@ def dequant_gemv_kernel(
         w_ptrs += (BLOCK_K // 8) * stride_qw
         following = tl.load(w_ptrs, mask=(w_rows + BLOCK_K // 8 < k_end // 8)[:, None] & col_ok[None, :], other=0)
         part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
-        a_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)
-        for j in tl.static_range(8):
-            a = tl.load(a_row + 8 * w_rows + j).to(tl.float32)
-            part += a[:, None] * _one_plus_code_16th(packed, j)
-            a_sum += a
+        even_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)  # of 16 a_j
+        odd_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)
+        for j in tl.static_range(0, 8, 2):
+            a_even = 16.0 * tl.load(a_row + 8 * w_rows + j).to(tl.float32)
+            a_odd = tl.load(a_row + 8 * w_rows + j + 1).to(tl.float32)
+            x, y = _pair(packed, j, one)
+            part += a_even[:, None] * x  # two multiply-adds: a sum of both products first would take three
+            part += a_odd[:, None] * y
+            even_sum += a_even
+            odd_sum += a_odd
         group = k0 // group_size
         s = tl.load(S + group * stride_s + cols, mask=col_ok, other=0.0).to(tl.float32)
+        # sum a (code - z) = 16 (p - even_sum - odd_sum) - z (even_sum / 16 + odd_sum)
         if HAS_ZEROS:
             z = tl.load(Z + group * stride_z + cols, mask=col_ok, other=0.0).to(tl.float32)
-            acc += (16.0 * part - a_sum[:, None] * (16.0 + z)[None, :]) * s[None, :]
+            acc += (16.0 * (part - (even_sum + odd_sum)[:, None])
+                    - (0.0625 * even_sum + odd_sum)[:, None] * z[None, :]) * s[None, :]  # fmt: skip
         else:
-            acc += (16.0 * part - a_sum[:, None] * 24.0) * s[None, :]
+            acc += (16.0 * part - (16.5 * even_sum + 24.0 * odd_sum)[:, None]) * s[None, :]
         packed = following
     out = OUT + tl.program_id(2).to(tl.int64) * M * N + tl.program_id(1).to(tl.int64) * N + cols
     tl.store(out, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=col_ok)
@@ -257,6 +270,9 @@ def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) 
     return Blocks(128, 128, min(block_k, 64), 8, stages, post_scale=False)
 
 
+ONE_BITS = 0x3F800000  # 1.0f
+
+
 def magic(dtype: str) -> float:
     """The float whose bit pattern ORed with a code c in 0 .. 15 is MAGIC + c, exactly, in `dtype` (0: converted)."""
     return {"bfloat16": 128.0, "float16": 1024.0}.get(dtype, 0.0)
@@ -285,7 +301,8 @@ def forward(m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: b
                           HAS_ZEROS=has_zeros)  # fmt: skip
         if b.gemv:
             constexprs = dict(BLOCK_N=b.block_n, BLOCK_K=b.block_k, SPLIT_K=b.split_k, HAS_ZEROS=has_zeros)
-            launches = (Launch(dequant_gemv_kernel, grid, reads, (products,), constexprs, b.warps, b.stages),)
+            launches = (Launch(dequant_gemv_kernel, grid, reads + (ONE_BITS,), (products,), constexprs, b.warps,
+                               b.stages),)  # fmt: skip
         else:
             by_nibble = b.by_nibble and post_scale and b.block_k >= 128  # products of K = BLOCK_K / 8 >= 16
             constexprs |= dict(ONE_GROUP=one_group, POST_SCALE=post_scale, BY_NIBBLE=by_nibble,
