@@ -34,6 +34,9 @@ def decode_candidates(m):
             yield core.Blocks(1, block_n, block_k, 4, 3, split, gemv=True)
         yield core.Blocks(1, 256, 64, 8, 3, 16, gemv=True)
         yield core.Blocks(1, 128, 32, 4, 3, 16, gemv=True)
+        for block_n, warps in ((512, 4), (256, 2)):  # 4 columns a thread: a's loads and sums shared by more codes
+            for split in (0, 8, 16):
+                yield core.Blocks(1, block_n, 32, warps, 3, split, gemv=True)
     for block_n, warps, split in itertools.product((128, 256), (4, 8), (0, 8, 16)):
         yield core.Blocks(16, block_n, 128, warps, 3, split, by_nibble=True)
 
