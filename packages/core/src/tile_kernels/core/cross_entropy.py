@@ -50,6 +50,7 @@ from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
 from .rows import (
     MAX_ROW_BLOCK,
     WIDTH_BUCKETS,
+    exp_minus,
     online_max_sum_step,
     online_max_sum_total,
     programs_per_problem,
@@ -76,7 +77,7 @@ COMBINE_ROWS, COMBINE_SEGMENTS = 16, 32  # rows and segments a step of its combi
 @triton.jit
 def _dlogits(x, lse, cols, t, smoothing, V, SMOOTH: tl.constexpr):
     """d loss_row / d logits for a unit cotangent: softmax(x) - (1 - eps) * onehot(t) - eps / V."""
-    d = tl.exp(x - lse) - tl.where(cols == t, 1.0 - smoothing, 0.0)
+    d = exp_minus(x, lse) - tl.where(cols == t, 1.0 - smoothing, 0.0)
     if SMOOTH:
         d -= smoothing / V
     return d
@@ -120,9 +121,9 @@ def _tile_losses(x, t, x_t, r, row_end, cols, V, ignore_index, smoothing, LOSS, 
                  PER_ROW: tl.constexpr):  # fmt: skip
     """Losses, lse, valid flags (and with WRITE_GRAD the unit-cotangent gradient) of a tile of rows r, x its logits
     in fp32 (-inf past V); rows from row_end on are skipped. Returns the losses and valid flags (_row_losses)."""
-    x = tl.where((r < row_end)[:, None], x.to(tl.float32), 0.0)  # rows past the end: finite, never stored
-    m = tl.max(x, axis=1)
-    e = tl.exp(x - m[:, None])
+    x = x.to(tl.float32)
+    m = tl.where(r < row_end, tl.max(x, axis=1), 0.0)  # rows past the end (all -inf): e = 0, never stored
+    e = exp_minus(x, m[:, None])
     s = tl.sum(e, axis=1)
     lse = m + tl.log(s)
     sum_x = tl.zeros_like(lse)
@@ -227,7 +228,7 @@ def cross_entropy_segment_kernel(
     m = tl.max(x, axis=0)
     part = PARTIAL + (row * S + s) * 3
     tl.store(part, m)
-    tl.store(part + 1, tl.where(m > -float("inf"), tl.sum(tl.exp(x - m), axis=0), 0.0))
+    tl.store(part + 1, tl.where(m > -float("inf"), tl.sum(exp_minus(x, m), axis=0), 0.0))
     if SMOOTH:
         tl.store(part + 2, tl.sum(tl.where(cols < V, x, 0.0), axis=0))
 
@@ -264,7 +265,7 @@ def cross_entropy_combine_kernel(
         part = PARTIAL + (r[:, None] * S + seg[None, :]) * 3
         m_s = tl.load(part, mask=mask, other=-float("inf"))
         s_s = tl.load(part + 1, mask=mask, other=0.0)
-        total += tl.where(m_s > -float("inf"), s_s * tl.exp(m_s - shift[:, None]), 0.0)
+        total += tl.where(m_s > -float("inf"), s_s * exp_minus(m_s, shift[:, None]), 0.0)
         if SMOOTH:
             sum_x += tl.load(part + 2, mask=mask, other=0.0)
     total, sum_x = tl.sum(total, axis=1), tl.sum(sum_x, axis=1)

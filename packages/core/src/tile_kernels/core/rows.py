@@ -48,19 +48,32 @@ def programs_per_problem(rows: int, target: Target, waves: int = 4) -> int:
     return max(1, min(rows, waves * target.num_sms))
 
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def exp_minus(x, m):
+    """exp(x - m) as exp2((x - m) log2(e)). Triton lowers tl.exp to ex2.approx.f32 behind a range fix-up for
+    subnormal results (an FSETP, an FSEL and two FMULs more an element in Triton 3.6's sm_90 SASS:
+    benchmarks/sass_mix.py), tl.exp2 to ex2.approx.ftz.f32, whose results below 2^-126 are 0 (nothing beside a sum
+    that holds exp(0) = 1). x - m first, not one FFMA of x log2(e) - m log2(e): that would err by an ulp of
+    m log2(e) on every term, 1e-4 relative at logits of 1000."""
+    return tl.exp2((x - m) * LOG2E)
+
+
 @triton.jit
 def online_max_sum_step(m_lane, s_lane, x):
     """One chunk of a streamed row: per-lane running max and sum of exp(x - max), the sum rescaled when the max
     grows. Lanes that have met no finite value keep sum 0 (avoids -inf - -inf)."""
     m_new = tl.maximum(m_lane, x)
-    return m_new, tl.where(m_new > -float("inf"), s_lane * tl.exp(m_lane - m_new) + tl.exp(x - m_new), 0.0)
+    return m_new, tl.where(m_new > -float("inf"), s_lane * exp_minus(m_lane, m_new) + exp_minus(x, m_new), 0.0)
 
 
 @triton.jit
 def online_max_sum_total(m_lane, s_lane):
     """(max, sum of exp(x - max)) of the whole row from the per-lane running values."""
     m = tl.max(m_lane, axis=0)
-    return m, tl.sum(tl.where(m_lane > -float("inf"), s_lane * tl.exp(m_lane - m), 0.0), axis=0)
+    return m, tl.sum(tl.where(m_lane > -float("inf"), s_lane * exp_minus(m_lane, m), 0.0), axis=0)
 
 
 @triton.jit

@@ -19,7 +19,7 @@ import triton.language as tl
 from . import checks
 from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, in_units
 from .registry import BadInput, Cost, OpInfo, not_arrays, register, round_to
-from .rows import ELEMENTS_PER_THREAD, online_max_sum_step, online_max_sum_total, row_block, row_op_plans
+from .rows import ELEMENTS_PER_THREAD, exp_minus, online_max_sum_step, online_max_sum_total, row_block, row_op_plans
 
 NAME = "softmax"
 # The row width and strides are passed in units of 16 elements where they all divide (plan.in_units) and multiplied
@@ -36,8 +36,8 @@ def softmax_fwd_kernel(X, N, stride_x, Y, BLOCK_N: tl.constexpr, ONE_BLOCK: tl.c
         cols = tl.arange(0, BLOCK_N)
         mask = cols < N
         x = tl.load(x_ptr + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        e = tl.exp(x - tl.max(x, axis=0))
-        tl.store(y_ptr + cols, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=mask)
+        e = exp_minus(x, tl.max(x, axis=0))
+        tl.store(y_ptr + cols, (e * (1.0 / tl.sum(e, axis=0))).to(Y.dtype.element_ty), mask=mask)
     else:
         m_lane = tl.full([BLOCK_N], -float("inf"), dtype=tl.float32)
         s_lane = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -46,11 +46,12 @@ def softmax_fwd_kernel(X, N, stride_x, Y, BLOCK_N: tl.constexpr, ONE_BLOCK: tl.c
             x = tl.load(x_ptr + cols, mask=cols < N, other=-float("inf")).to(tl.float32)
             m_lane, s_lane = online_max_sum_step(m_lane, s_lane, x)
         m, s = online_max_sum_total(m_lane, s_lane)
+        inv_s = 1.0 / s  # a multiply an element: a division is an IEEE sequence of several
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < N
             x = tl.load(x_ptr + cols, mask=mask).to(tl.float32)
-            tl.store(y_ptr + cols, (tl.exp(x - m) / s).to(Y.dtype.element_ty), mask=mask)
+            tl.store(y_ptr + cols, (exp_minus(x, m) * inv_s).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
