@@ -1,4 +1,4 @@
-"""num_warps of the one-program-per-row kernels (softmax forward and backward, cross_entropy forward), timed on this
+"""num_warps of the row kernels (softmax forward and backward, cross_entropy forward, rms_norm backward), timed on this
 machine's GPU at 2^26 elements over a sweep of row widths, beside Liger-Kernel's softmax where it is installed. Each
 line: device time (triton.testing.do_bench), % of the measured copy bandwidth (algorithmic bytes: each input read
 once, each output written once); the warps the op's plan picks are marked *.
@@ -13,11 +13,11 @@ import dataclasses
 import torch
 import triton.testing
 
-from tile_kernels.core import cross_entropy, softmax
+from tile_kernels.core import cross_entropy, norms, softmax
 from tile_kernels.torch._runtime import Executor, target
 
 WIDTHS = (256, 1024, 2048, 4096, 8192, 16384)
-WARPS = (1, 2, 4, 8, 16)
+WARPS = (1, 2, 4, 8, 16, 32)
 
 
 def with_warps(plan, warps: int):
@@ -42,6 +42,7 @@ def main() -> None:
         m = 2**26 // n
         x = torch.randn(m, n, device=device, dtype=torch.bfloat16)
         dy = torch.randn_like(x)
+        weight, rstd = torch.randn(n, device=device, dtype=torch.bfloat16), torch.rand(m, device=device) + 0.5
         labels = torch.randint(0, n, (m,), device=device)
         cases = {
             "softmax fwd": (softmax.forward(m, n, dtype="bfloat16", target=tgt), (x,), 2),
@@ -50,6 +51,12 @@ def main() -> None:
                 cross_entropy.forward(1, m, n, dtype="bfloat16", target_dtype="int64", reduction="mean",
                                       ignore_index=-100, label_smoothing=0.0, target=tgt, stride_row=n),
                 (x, labels), 1,
+            ),
+            # the persistent backward: 104 registers at 4096 wide and 16 warps (Triton 3.6, sm_90), one program an SM
+            "rms_norm bwd": (
+                norms.backward(1, m, n, is_rms=True, x_dtype="bfloat16", weight_dtype="bfloat16", has_bias=False,
+                               has_dh=False, target=tgt),
+                (dy, x, weight, rstd), 3,
             ),
         }  # fmt: skip
         for name, (plan, inputs, passes) in cases.items():
