@@ -230,7 +230,7 @@ class Executor:
         kinds = {Gemm: _GemmStep, Call: _CallStep}
         self.steps = [kinds.get(type(s), _LaunchStep)(s, slot) for s in plan.launches]
         base = len(names) + len(self.views)
-        for step in self.steps:  # scalar arguments: position -(j + 1) stands for constant j of the step
+        for step in self.steps:  # the launches' scalars, known once every step has named its views
             if isinstance(step, _LaunchStep):
                 step.bind_constants(base + len(self.constants), len(plan.inputs), len(names))
                 self.constants += step.constants
