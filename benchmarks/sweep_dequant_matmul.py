@@ -29,14 +29,10 @@ K, N, GROUP = 8192, 28672, 128
 
 def decode_candidates(m):
     """split_k 0: the heuristic's."""
-    if m == 1:  # the FMA kernel
-        for block_n, block_k, split in itertools.product((128, 256), (64, 128), (0, 8, 16)):
-            yield core.Blocks(1, block_n, block_k, 4, 3, split, gemv=True)
-        yield core.Blocks(1, 256, 64, 8, 3, 16, gemv=True)
-        yield core.Blocks(1, 128, 32, 4, 3, 16, gemv=True)
-        for block_n, warps in ((512, 4), (256, 2)):  # 4 columns a thread: a's loads and sums shared by more codes
-            for split in (0, 8, 16):
-                yield core.Blocks(1, block_n, 32, warps, 3, split, gemv=True)
+    if m == 1:  # the FMA kernel: 4 or 8 columns a thread (block_n / 32 warps), a step of 4 or 8 rows of words
+        for (block_n, warps), block_k, split in itertools.product(((256, 1), (512, 2), (1024, 4), (256, 2),
+                                                                   (512, 4)), (32, 64), (0, 16, 32)):  # fmt: skip
+            yield core.Blocks(1, block_n, block_k, warps, 3, split, gemv=True)
     for block_n, warps, split in itertools.product((128, 256), (4, 8), (0, 8, 16)):
         yield core.Blocks(16, block_n, 128, warps, 3, split, by_nibble=True)
 

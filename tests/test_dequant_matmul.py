@@ -58,6 +58,32 @@ def test_decode_sizes_split_k(driver, dtype, m, group_size, zeros):
     np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=tol, atol=tol * np.abs(ref).max())
 
 
+@needs_torch
+@pytest.mark.parametrize("dtype, zeros", [("bfloat16", False), ("float16", True), ("float32", True)])
+@pytest.mark.parametrize("block_n, warps, split_k", [(128, 1, 3), (256, 1, 1), (128, 2, 5)])
+def test_gemv_tiles(monkeypatch, dtype, zeros, block_n, warps, split_k):
+    """dequant_gemv_kernel at 4 and 8 columns a thread, 2 steps a group, K split unevenly (14 steps over 3 or 5
+    programs: the last takes fewer), N not a multiple of the tile, against the float64 reference."""
+    import torch
+
+    from tile_kernels.core.plan import Target
+    from tile_kernels.torch._runtime import Executor
+
+    monkeypatch.setattr(dm, "blocks", lambda *a: dm.Blocks(1, block_n, 32, warps, 1, split_k, gemv=True))
+    m, k, n, group_size = 1, 448, 200, 64
+    kwargs = dm.sample(np.random.default_rng(block_n + split_k), (m, k, n), dtype, zeros=zeros, group_size=group_size)
+    dev = "cuda" if DEVICE == "gpu" else "cpu"
+    names = ("a", "qweight", "scales") + (("zeros",) if zeros else ())
+    args = [torch.from_numpy(kwargs[n] if n == "qweight" else np.asarray(kwargs[n], np.float32)) for n in names]
+    args = [(t if t.dtype == torch.int32 else t.to(getattr(torch, dtype))).to(dev) for t in args]
+    plan = dm.forward(m, n, k, dtype=dtype, group_size=group_size, has_zeros=zeros, target=Target(num_sms=4))
+    assert plan.launches[0].constexprs["SPLIT_K"] == split_k
+    (out,) = Executor(plan)(*args, device=args[0].device)
+    (ref,) = dm.reference(**kwargs)
+    tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+    np.testing.assert_allclose(out.double().cpu().numpy(), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
 @needs_jax
 def test_jax_jit_and_vmap():
     import jax

@@ -9,9 +9,10 @@ Returns (M, N) in a's dtype. Not differentiable (inference).
 Kernels (`blocks` picks one and its tiles; each streams K in BLOCK_K steps, a step's packed codes (BLOCK_K / 8,
 BLOCK_N) read once as coalesced rows of N int32, unpacked in registers by shifts and masks; the weights are read once
 per row block, so at decode sizes the kernels stream the int4 weights, a quarter of fp16's bytes):
-  * dequant_gemv_kernel, one row of `a` (decode at batch 1): FMA units, per-word partial sums, the codes turned into
-    floats by their bits (1 + code / 256 or / 16, two codes a shift), the group's zero and scale applied once per
-    step. Relative error ~2^-18 in float32 (the int4 codes' own is 2^-4).
+  * dequant_gemv_kernel, one row of `a` (decode at batch 1): FMA units, every tensor a vector over the program's
+    columns (a's elements scalars), the codes turned into floats by their bits (16 or 1 + code / 16, two codes a
+    shift), the group's zero and scale applied once per step, the next step's words loaded before this step's math.
+    Relative error ~2^-18 in float32 (the int4 codes' own is 2^-4).
   * dequant_matmul_kernel, tensor cores, fp32 accumulation. Where a step lies in one group (BLOCK_K divides
     group_size) the scale can follow the product: s (a @ (MAGIC + code) - (MAGIC + z) rowsum(a)), MAGIC + code made
     by OR-ing the code into the float MAGIC (`magic`), so W is never formed (POST_SCALE, decode sizes); at 128-deep
@@ -38,7 +39,7 @@ from . import backends, checks, dequant_matmul_tilelang
 from .backends import Call
 from .flash_attention import dot
 from .host import ieee_dots
-from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv
+from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units
 from .registry import BadInput, Cost, OpInfo, gemm_dims, not_arrays, register, round_to
 from .rows import sum_partials
 
@@ -135,70 +136,80 @@ def dequant_matmul_kernel(
 
 
 @triton.jit
-def _pair(packed, j: tl.constexpr, one):
-    """Nibbles j and j + 1 of each word as floats 1 + code / 256 and 1 + code / 16: one shift moves the pair to bits
-    15 .. 22 (the top of the mantissa), an and-or each keeps one nibble over the bits of 1.0 (`one`, a register: with
-    two immediates ptxas takes two instructions for it). Exact; no integer-to-float conversion."""
+def _pair(packed, j: tl.constexpr, even_one, odd_one):
+    """Nibbles j and j + 1 of each word as floats 16 + code / 16 and 1 + code / 16: one shift moves the pair to bits
+    15 .. 22 (the top of the mantissa), an and-or each keeps one nibble over the bits of 16.0 (`even_one`) or 1.0
+    (`odd_one`), registers: with two immediates ptxas takes two instructions for it. Exact; no integer-to-float
+    conversion."""
     if 4 * j <= 15:
         moved = packed << (15 - 4 * j)
     else:
         moved = packed >> (4 * j - 15)
-    low = ((moved & 0x78000) | one).to(tl.float32, bitcast=True)
-    high = ((moved & 0x780000) | one).to(tl.float32, bitcast=True)
-    return low, high
+    even = ((moved & 0x78000) | even_one).to(tl.float32, bitcast=True)
+    odd = ((moved & 0x780000) | odd_one).to(tl.float32, bitcast=True)
+    return even, odd
 
 
 @triton.jit
 def dequant_gemv_kernel(
-    A, QW, S, Z, M, N, K, group_size, stride_a, stride_qw, stride_s, stride_z, one,
+    A, QW, S, Z, M, N, K, stride_a, stride_qw, stride_s, stride_z, even_one, odd_one,
     OUT,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_ZEROS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_STEPS: tl.constexpr, SPLIT_K: tl.constexpr,
+    HAS_ZEROS: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
-    """As dequant_matmul_kernel for one row of `a` (grid (cdiv(N, BLOCK_N), M, SPLIT_K)), on the FMA units: a step's
-    words (BLOCK_K / 8, BLOCK_N) stay in the layout they are loaded in (the next step's load issued before this
-    step's math). Nibble pair (j, j + 1) of every word, as x = 1 + code / 256 and y = 1 + code / 16 (`_pair`),
-    multiplies elements k = 8 i + j and 8 i + j + 1 of `a`, the even one scaled by 16, into per-word partial sums
-    p = sum_even 16 a x + sum_odd a y = sum_even 16 a + sum_odd a + sum a code / 16; the sum over the words is
-    taken once, after the loop.
-    Per weight element: half a shift, an and-or and a multiply-add. BLOCK_K divides group_size. `one`: the bits of
-    1.0f (0x3F800000), an argument so that it stays in a register."""
+    """As dequant_matmul_kernel for one row of `a` (grid (cdiv(N, BLOCK_N), M, SPLIT_K)), on the FMA units. Every
+    tensor is a vector over the program's BLOCK_N columns (no layout conversion, no reduction across threads); a step
+    reads BLOCK_K / 8 rows of words, and a's elements as scalars. Nibble pair (j, j + 1) of a word, as x = 16 + code
+    / 16 and y = 1 + code / 16 (`_pair`), multiplies a's elements k = 8 i + j and 8 i + j + 1 into the column's sum
+    p = 16 E + O + sum a code / 16 (E, O: the step's sums of a's even and odd elements), so
+        sum a (code - z) = 16 p - (256 + z) E - (16 + z) O,
+    times the step's scale (its group's: GROUP_STEPS steps a group). Per weight element: half a shift, an and-or, a
+    multiply-add. `even_one`, `odd_one`: the bits of 16.0f and 1.0f, arguments so that they stay in registers. N and
+    the strides of qweight, scales and zeros come in UNITs (plan.in_units)."""
+    N, stride_qw, stride_s, stride_z = N * UNIT, stride_qw * UNIT, stride_s * UNIT, stride_z * UNIT
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    words = tl.arange(0, BLOCK_K // 8)
+    # the scales in the words' vectors of 4 (the bf16 load would take 8), so that they share the words' layout
+    cols_of_4 = tl.max_contiguous(cols, 4)
+    total = K // BLOCK_K
+    per_split = tl.cdiv(total, SPLIT_K)
+    first = tl.program_id(2) * per_split
+    last = tl.minimum(total, first + per_split)
     a_row = A + tl.program_id(1).to(tl.int64) * stride_a
-    steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
-    k_begin = tl.program_id(2) * steps * BLOCK_K
-    k_end = tl.minimum(K, k_begin + steps * BLOCK_K)
-    w_ptrs = QW + (k_begin // 8 + words)[:, None].to(tl.int64) * stride_qw + cols[None, :]
-    packed = tl.load(w_ptrs, mask=((k_begin // 8 + words) < k_end // 8)[:, None] & col_ok[None, :], other=0)
-    acc = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        w_rows = k0 // 8 + words
-        w_ptrs += (BLOCK_K // 8) * stride_qw
-        following = tl.load(w_ptrs, mask=(w_rows + BLOCK_K // 8 < k_end // 8)[:, None] & col_ok[None, :], other=0)
-        part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
-        even_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)  # of 16 a_j
-        odd_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)
-        for j in tl.static_range(0, 8, 2):
-            a_even = 16.0 * tl.load(a_row + 8 * w_rows + j).to(tl.float32)
-            a_odd = tl.load(a_row + 8 * w_rows + j + 1).to(tl.float32)
-            x, y = _pair(packed, j, one)
-            part += a_even[:, None] * x  # two multiply-adds: a sum of both products first would take three
-            part += a_odd[:, None] * y
-            even_sum += a_even
-            odd_sum += a_odd
-        group = k0 // group_size
-        s = tl.load(S + group * stride_s + cols, mask=col_ok, other=0.0).to(tl.float32)
-        # sum a (code - z) = 16 (p - even_sum - odd_sum) - z (even_sum / 16 + odd_sum)
+    w_row = QW + (first * (BLOCK_K // 8)).to(tl.int64) * stride_qw + cols
+    words = ()  # a step's rows of words; the next step's are loaded before this step's math
+    for i in tl.static_range(BLOCK_K // 8):
+        words = words + (tl.load(w_row + i * stride_qw, mask=col_ok & (cols * 0 + first < last), other=0),)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for step in range(first, last):
+        w_row += (BLOCK_K // 8) * stride_qw
+        ahead = col_ok & (cols * 0 + step + 1 < last)  # a vector compare: the interpreter mis-types a scalar one
+        following = ()
+        for i in tl.static_range(BLOCK_K // 8):
+            following = following + (tl.load(w_row + i * stride_qw, mask=ahead, other=0),)
+        k0 = step * BLOCK_K
+        part = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        even_sum = 0.0
+        odd_sum = 0.0
+        for i in tl.static_range(BLOCK_K // 8):
+            for j in tl.static_range(0, 8, 2):
+                a_even = tl.load(a_row + k0 + 8 * i + j).to(tl.float32)
+                a_odd = tl.load(a_row + k0 + 8 * i + j + 1).to(tl.float32)
+                x, y = _pair(words[i], j, even_one, odd_one)
+                part += a_even * x  # two multiply-adds: a sum of both products first would take three
+                part += a_odd * y
+                even_sum += a_even
+                odd_sum += a_odd
+        group = step // GROUP_STEPS
+        s = tl.load(S + group * stride_s + cols_of_4, mask=col_ok, other=0.0).to(tl.float32)
         if HAS_ZEROS:
-            z = tl.load(Z + group * stride_z + cols, mask=col_ok, other=0.0).to(tl.float32)
-            acc += (16.0 * (part - (even_sum + odd_sum)[:, None])
-                    - (0.0625 * even_sum + odd_sum)[:, None] * z[None, :]) * s[None, :]  # fmt: skip
+            z = tl.load(Z + group * stride_z + cols_of_4, mask=col_ok, other=0.0).to(tl.float32)
+            acc += (16.0 * part - (256.0 * even_sum + 16.0 * odd_sum) - z * (even_sum + odd_sum)) * s
         else:
-            acc += (16.0 * part - (16.5 * even_sum + 24.0 * odd_sum)[:, None]) * s[None, :]
-        packed = following
+            acc += (16.0 * part - (264.0 * even_sum + 24.0 * odd_sum)) * s
+        words = following
     out = OUT + tl.program_id(2).to(tl.int64) * M * N + tl.program_id(1).to(tl.int64) * N + cols
-    tl.store(out, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=col_ok)
+    tl.store(out, acc.to(OUT.dtype.element_ty), mask=col_ok)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -244,7 +255,8 @@ class Blocks:
 
 
 def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) -> Blocks:
-    """One row: the FMA kernel, 256 columns a program, K split so that about six programs an SM stream the weights;
+    """One row: the FMA kernel, 512 columns on 2 warps (8 a thread), K split so that about six programs an SM stream
+    the weights;
     up to 16 rows: one 16-row tensor-core tile of 256 columns, a product per nibble, K split likewise; up to 64:
     64-row tiles; prefill-sized M: 128 x 128 tiles (16 x 32 in float32) with W formed in a's dtype. BLOCK_K the
     largest of 128 .. 16 that divides the group (one scale row a step; 64 .. 8 for the FMA kernel). The fastest of
@@ -252,12 +264,13 @@ def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) 
     64 KiB of LDS: one software-pipelining stage."""
     stages = 1 if target.warp_size == 64 else 3
 
-    def split(block_n, block_k):
-        return max(1, min(cdiv(k, block_k), cdiv(6 * target.num_sms, cdiv(n, block_n))))
+    def split(block_n, block_k):  # about six programs an SM, each as many steps (the last one may take fewer)
+        steps = cdiv(k, block_k)
+        return cdiv(steps, max(1, steps // cdiv(6 * target.num_sms, cdiv(n, block_n))))
 
     if m == 1 and group_size % 8 == 0:
         block_k = next(b for b in (64, 32, 16, 8) if group_size % b == 0)
-        return Blocks(1, 256, block_k, 4, stages, split(256, block_k), gemv=True)
+        return Blocks(1, 512, block_k, 2, stages, split(512, block_k), gemv=True)
     block_k = next((b for b in (128, 64, 32, 16) if group_size % b == 0), 32)
     if dtype == "float32":  # IEEE products (no TF32) hold more registers: small tiles
         return Blocks(16, 32, min(block_k, 32), 4, min(stages, 2))
@@ -270,7 +283,7 @@ def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) 
     return Blocks(128, 128, min(block_k, 64), 8, stages, post_scale=False)
 
 
-ONE_BITS = 0x3F800000  # 1.0f
+GEMV_ONES = (0x41800000, 0x3F800000)  # 16.0f, 1.0f: dequant_gemv_kernel's even_one, odd_one
 
 
 def magic(dtype: str) -> float:
@@ -300,9 +313,11 @@ def forward(m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: b
         constexprs = dict(BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_K=b.block_k, SPLIT_K=b.split_k,
                           HAS_ZEROS=has_zeros)  # fmt: skip
         if b.gemv:
-            constexprs = dict(BLOCK_N=b.block_n, BLOCK_K=b.block_k, SPLIT_K=b.split_k, HAS_ZEROS=has_zeros)
-            launches = (Launch(dequant_gemv_kernel, grid, reads + (ONE_BITS,), (products,), constexprs, b.warps,
-                               b.stages),)  # fmt: skip
+            constexprs = dict(BLOCK_N=b.block_n, BLOCK_K=b.block_k, GROUP_STEPS=group_size // b.block_k,
+                              SPLIT_K=b.split_k, HAS_ZEROS=has_zeros)  # fmt: skip
+            reads = (*reads[:7], *strides, *GEMV_ONES)
+            launch = Launch(dequant_gemv_kernel, grid, reads, (products,), constexprs, b.warps, b.stages)
+            launches = (in_units(launch, "N", "stride_qw", "stride_s", "stride_z"),)
         else:
             by_nibble = b.by_nibble and post_scale and b.block_k >= 128  # products of K = BLOCK_K / 8 >= 16
             constexprs |= dict(ONE_GROUP=one_group, POST_SCALE=post_scale, BY_NIBBLE=by_nibble,
