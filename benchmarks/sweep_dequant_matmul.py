@@ -33,6 +33,9 @@ def decode_candidates(m):
         for (block_n, warps), block_k, split in itertools.product(((256, 1), (512, 2), (1024, 4), (256, 2),
                                                                    (512, 4)), (32, 64), (0, 16, 32)):  # fmt: skip
             yield core.Blocks(1, block_n, block_k, warps, 3, split, gemv=True)
+    elif m <= 4:  # the FMA kernel, m rows a program (a's loads and sums per row, the unpacked codes shared)
+        for (block_n, warps), block_k, split in itertools.product(((256, 2), (512, 2), (256, 1)), (32, 64), (0, 16)):
+            yield core.Blocks(m, block_n, block_k, warps, 3, split, gemv=True)
     for block_n, warps, split in itertools.product((128, 256), (4, 8), (0, 8, 16)):
         yield core.Blocks(16, block_n, 128, warps, 3, split, by_nibble=True)
 
@@ -47,7 +50,7 @@ def prefill_candidates():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--m", type=int, action="append", help="rows of a (default: 1, 4, 16, 4096)")
+    parser.add_argument("--m", type=int, action="append", help="rows of a (default: 1, 2, 4, 16, 4096)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     say = SweepLog(args.out)
@@ -60,7 +63,7 @@ def main(argv=None):
     weight_bytes = qweight.nbytes + scales.nbytes
     default = core.blocks
     say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; K {K} N {N}")
-    for m in args.m or (1, 4, 16, 4096):
+    for m in args.m or (1, 2, 4, 16, 4096):
         a = torch.randn(m, K, generator=g, device="cuda").to(torch.bfloat16)
         want = a.float() @ w.float()
         scale = want.abs().max().item()

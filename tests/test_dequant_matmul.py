@@ -39,18 +39,27 @@ def test_identity_recovers_the_weights(driver, zeros, group_size):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize(
     "m, group_size, zeros",
-    [(1, 128, False), (1, 8, True), (3, 64, True), (4, 128, False), (16, 256, True), (16, 8, False), (17, 128, True)],
+    [
+        (1, 128, False),
+        (1, 8, True),
+        (2, 64, True),
+        (3, 64, True),
+        (4, 128, False),
+        (16, 256, True),
+        (16, 8, False),
+        (17, 128, True),
+    ],
 )
 def test_decode_sizes_split_k(driver, dtype, m, group_size, zeros):
-    """Decode-sized rows: the FMA kernel (one row) and the tensor-core one (a product per nibble where steps are 128
-    deep), K split over programs (partial products summed after) and not, against the float64 reference; which plan
-    each size gets (the CPU's target has 4 SMs)."""
+    """Decode-sized rows: the FMA kernel (one or two rows) and the tensor-core one (a product per nibble where steps
+    are 128 deep), K split over programs (partial products summed after) and not, against the float64 reference;
+    which plan each size gets (the CPU's target has 4 SMs)."""
     from tile_kernels.core.plan import Target
 
     k, n = 512, 200
     b = dm.blocks(m, n, k, group_size, dtype, Target(32, 4))
-    assert b.gemv == (m == 1), b
-    assert (b.split_k > 1) == (m == 1 or (m <= 16 and dtype != "float32" and group_size % b.block_k == 0)), b
+    assert b.gemv == (m <= 2), b
+    assert (b.split_k > 1) == (m <= 2 or (m <= 16 and dtype != "float32" and group_size % b.block_k == 0)), b
     kwargs = dm.sample(np.random.default_rng(m), (m, k, n), dtype, zeros=zeros, group_size=group_size)
     (out,) = driver.call(dm.NAME, kwargs)
     (ref,) = dm.reference(**kwargs)
@@ -60,17 +69,18 @@ def test_decode_sizes_split_k(driver, dtype, m, group_size, zeros):
 
 @needs_torch
 @pytest.mark.parametrize("dtype, zeros", [("bfloat16", False), ("float16", True), ("float32", True)])
-@pytest.mark.parametrize("block_n, warps, split_k", [(128, 1, 3), (256, 1, 1), (128, 2, 5)])
-def test_gemv_tiles(monkeypatch, dtype, zeros, block_n, warps, split_k):
-    """dequant_gemv_kernel at 4 and 8 columns a thread, 2 steps a group, K split unevenly (14 steps over 3 or 5
-    programs: the last takes fewer), N not a multiple of the tile, against the float64 reference."""
+@pytest.mark.parametrize("m, rows, block_n, warps, split_k", [(1, 1, 128, 1, 3), (3, 2, 256, 1, 1), (3, 4, 128, 2, 5)])
+def test_gemv_tiles(monkeypatch, dtype, zeros, m, rows, block_n, warps, split_k):
+    """dequant_gemv_kernel at 4 and 8 columns a thread, 1, 2 or 4 rows a program (3 rows of `a`: a program with rows
+    past M), 2 steps a group, K split unevenly (14 steps over 3 or 5 programs: the last takes fewer), N not a
+    multiple of the tile, against the float64 reference."""
     import torch
 
     from tile_kernels.core.plan import Target
     from tile_kernels.torch._runtime import Executor
 
-    monkeypatch.setattr(dm, "blocks", lambda *a: dm.Blocks(1, block_n, 32, warps, 1, split_k, gemv=True))
-    m, k, n, group_size = 1, 448, 200, 64
+    monkeypatch.setattr(dm, "blocks", lambda *a: dm.Blocks(rows, block_n, 32, warps, 1, split_k, gemv=True))
+    k, n, group_size = 448, 200, 64
     kwargs = dm.sample(np.random.default_rng(block_n + split_k), (m, k, n), dtype, zeros=zeros, group_size=group_size)
     dev = "cuda" if DEVICE == "gpu" else "cpu"
     names = ("a", "qweight", "scales") + (("zeros",) if zeros else ())

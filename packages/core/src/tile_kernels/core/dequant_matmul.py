@@ -154,18 +154,20 @@ def _pair(packed, j: tl.constexpr, even_one, odd_one):
 def dequant_gemv_kernel(
     A, QW, S, Z, M, N, K, stride_a, stride_qw, stride_s, stride_z, even_one, odd_one,
     OUT,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_STEPS: tl.constexpr, SPLIT_K: tl.constexpr,
-    HAS_ZEROS: tl.constexpr, UNIT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr, GROUP_STEPS: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_ZEROS: tl.constexpr, UNIT: tl.constexpr,
 ):  # fmt: skip
-    """As dequant_matmul_kernel for one row of `a` (grid (cdiv(N, BLOCK_N), M, SPLIT_K)), on the FMA units. Every
-    tensor is a vector over the program's BLOCK_N columns (no layout conversion, no reduction across threads); a step
-    reads BLOCK_K / 8 rows of words, and a's elements as scalars. Nibble pair (j, j + 1) of a word, as x = 16 + code
-    / 16 and y = 1 + code / 16 (`_pair`), multiplies a's elements k = 8 i + j and 8 i + j + 1 into the column's sum
-    p = 16 E + O + sum a code / 16 (E, O: the step's sums of a's even and odd elements), so
+    """As dequant_matmul_kernel for ROWS rows of `a` (grid (cdiv(N, BLOCK_N), cdiv(M, ROWS), SPLIT_K)), on the FMA
+    units. Every tensor is a vector over the program's BLOCK_N columns (no layout conversion, no reduction across
+    threads), one per row of `a`; a step reads BLOCK_K / 8 rows of words, and a's elements as scalars. Nibble pair
+    (j, j + 1) of a word, as x = 16 + code / 16 and y = 1 + code / 16 (`_pair`, once for all rows), multiplies a
+    row's elements k = 8 i + j and 8 i + j + 1 into its column sum p = 16 E + O + sum a code / 16 (E, O: the step's
+    sums of the row's even and odd elements), so
         sum a (code - z) = 16 p - (256 + z) E - (16 + z) O,
-    times the step's scale (its group's: GROUP_STEPS steps a group). Per weight element: half a shift, an and-or, a
-    multiply-add. `even_one`, `odd_one`: the bits of 16.0f and 1.0f, arguments so that they stay in registers. N and
-    the strides of qweight, scales and zeros come in UNITs (plan.in_units)."""
+    times the step's scale (its group's: GROUP_STEPS steps a group). Per weight element: half a shift and an and-or,
+    and a multiply-add a row. `even_one`, `odd_one`: the bits of 16.0f and 1.0f, arguments so that they stay in
+    registers. N and the strides of qweight, scales and zeros come in UNITs (plan.in_units). Rows past M read row
+    M - 1 and are not stored."""
     N, stride_qw, stride_s, stride_z = N * UNIT, stride_qw * UNIT, stride_s * UNIT, stride_z * UNIT
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -175,12 +177,16 @@ def dequant_gemv_kernel(
     per_split = tl.cdiv(total, SPLIT_K)
     first = tl.program_id(2) * per_split
     last = tl.minimum(total, first + per_split)
-    a_row = A + tl.program_id(1).to(tl.int64) * stride_a
+    row0 = tl.program_id(1) * ROWS
+    a_rows = ()
+    accs = ()
+    for r in tl.static_range(ROWS):
+        a_rows = a_rows + (A + tl.minimum(row0 + r, M - 1).to(tl.int64) * stride_a,)
+        accs = accs + (tl.zeros((BLOCK_N,), dtype=tl.float32),)
     w_row = QW + (first * (BLOCK_K // 8)).to(tl.int64) * stride_qw + cols
     words = ()  # a step's rows of words; the next step's are loaded before this step's math
     for i in tl.static_range(BLOCK_K // 8):
         words = words + (tl.load(w_row + i * stride_qw, mask=col_ok & (cols * 0 + first < last), other=0),)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for step in range(first, last):
         w_row += (BLOCK_K // 8) * stride_qw
         ahead = col_ok & (cols * 0 + step + 1 < last)  # a vector compare: the interpreter mis-types a scalar one
@@ -188,28 +194,34 @@ def dequant_gemv_kernel(
         for i in tl.static_range(BLOCK_K // 8):
             following = following + (tl.load(w_row + i * stride_qw, mask=ahead, other=0),)
         k0 = step * BLOCK_K
-        part = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        even_sum = 0.0
-        odd_sum = 0.0
-        for i in tl.static_range(BLOCK_K // 8):
-            for j in tl.static_range(0, 8, 2):
-                a_even = tl.load(a_row + k0 + 8 * i + j).to(tl.float32)
-                a_odd = tl.load(a_row + k0 + 8 * i + j + 1).to(tl.float32)
-                x, y = _pair(words[i], j, even_one, odd_one)
-                part += a_even * x  # two multiply-adds: a sum of both products first would take three
-                part += a_odd * y
-                even_sum += a_even
-                odd_sum += a_odd
         group = step // GROUP_STEPS
         s = tl.load(S + group * stride_s + cols_of_4, mask=col_ok, other=0.0).to(tl.float32)
         if HAS_ZEROS:
             z = tl.load(Z + group * stride_z + cols_of_4, mask=col_ok, other=0.0).to(tl.float32)
-            acc += (16.0 * part - (256.0 * even_sum + 16.0 * odd_sum) - z * (even_sum + odd_sum)) * s
-        else:
-            acc += (16.0 * part - (264.0 * even_sum + 24.0 * odd_sum)) * s
+        new_accs = ()
+        for r in tl.static_range(ROWS):
+            part = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            even_sum = 0.0
+            odd_sum = 0.0
+            for i in tl.static_range(BLOCK_K // 8):
+                for j in tl.static_range(0, 8, 2):
+                    a_even = tl.load(a_rows[r] + k0 + 8 * i + j).to(tl.float32)
+                    a_odd = tl.load(a_rows[r] + k0 + 8 * i + j + 1).to(tl.float32)
+                    x, y = _pair(words[i], j, even_one, odd_one)  # one for all rows (common subexpressions)
+                    part += a_even * x  # two multiply-adds: a sum of both products first would take three
+                    part += a_odd * y
+                    even_sum += a_even
+                    odd_sum += a_odd
+            if HAS_ZEROS:
+                t = 16.0 * part - (256.0 * even_sum + 16.0 * odd_sum) - z * (even_sum + odd_sum)
+            else:
+                t = 16.0 * part - (264.0 * even_sum + 24.0 * odd_sum)
+            new_accs = new_accs + (accs[r] + t * s,)
+        accs = new_accs
         words = following
-    out = OUT + tl.program_id(2).to(tl.int64) * M * N + tl.program_id(1).to(tl.int64) * N + cols
-    tl.store(out, acc.to(OUT.dtype.element_ty), mask=col_ok)
+    for r in tl.static_range(ROWS):
+        out = OUT + tl.program_id(2).to(tl.int64) * M * N + (row0 + r).to(tl.int64) * N + cols
+        tl.store(out, accs[r].to(OUT.dtype.element_ty), mask=col_ok & (cols * 0 + row0 + r < M))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -241,7 +253,7 @@ def check(a, qweight, scales, group_size=128, zeros=None) -> None:
 @dataclass(frozen=True)
 class Blocks:
     """A launch configuration: the kernel (dequant_gemv_kernel if gemv, else dequant_matmul_kernel), its constexprs
-    of the same names, and the split of K over programs (partial products summed after)."""
+    of the same names (the GEMV's ROWS: block_m), and the split of K over programs (partial products summed after)."""
 
     block_m: int
     block_n: int
@@ -255,8 +267,8 @@ class Blocks:
 
 
 def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) -> Blocks:
-    """One row: the FMA kernel, 512 columns on 2 warps (8 a thread), K split so that about six programs an SM stream
-    the weights;
+    """One or two rows: the FMA kernel, 512 columns on 2 warps (8 a thread), K split so that about six programs an SM
+    stream the weights;
     up to 16 rows: one 16-row tensor-core tile of 256 columns, a product per nibble, K split likewise; up to 64:
     64-row tiles; prefill-sized M: 128 x 128 tiles (16 x 32 in float32) with W formed in a's dtype. BLOCK_K the
     largest of 128 .. 16 that divides the group (one scale row a step; 64 .. 8 for the FMA kernel). The fastest of
@@ -268,9 +280,9 @@ def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) 
         steps = cdiv(k, block_k)
         return cdiv(steps, max(1, steps // cdiv(6 * target.num_sms, cdiv(n, block_n))))
 
-    if m == 1 and group_size % 8 == 0:
+    if m <= 2 and group_size % 8 == 0:
         block_k = next(b for b in (64, 32, 16, 8) if group_size % b == 0)
-        return Blocks(1, 512, block_k, 2, stages, split(512, block_k), gemv=True)
+        return Blocks(m, 512, block_k, 2, stages, split(512, block_k), gemv=True)
     block_k = next((b for b in (128, 64, 32, 16) if group_size % b == 0), 32)
     if dtype == "float32":  # IEEE products (no TF32) hold more registers: small tiles
         return Blocks(16, 32, min(block_k, 32), 4, min(stages, 2))
@@ -313,8 +325,8 @@ def forward(m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: b
         constexprs = dict(BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_K=b.block_k, SPLIT_K=b.split_k,
                           HAS_ZEROS=has_zeros)  # fmt: skip
         if b.gemv:
-            constexprs = dict(BLOCK_N=b.block_n, BLOCK_K=b.block_k, GROUP_STEPS=group_size // b.block_k,
-                              SPLIT_K=b.split_k, HAS_ZEROS=has_zeros)  # fmt: skip
+            constexprs = dict(BLOCK_N=b.block_n, BLOCK_K=b.block_k, ROWS=b.block_m,
+                              GROUP_STEPS=group_size // b.block_k, SPLIT_K=b.split_k, HAS_ZEROS=has_zeros)  # fmt: skip
             reads = (*reads[:7], *strides, *GEMV_ONES)
             launch = Launch(dequant_gemv_kernel, grid, reads, (products,), constexprs, b.warps, b.stages)
             launches = (in_units(launch, "N", "stride_qw", "stride_s", "stride_z"),)
@@ -433,7 +445,7 @@ def bad_inputs(kwargs) -> list[BadInput]:
 def plans(target: Target):
     """Decode- and prefill-sized tiles for each dtype, with and without zeros, one-group and per-k scale steps."""
     for dtype in DTYPES:
-        for m, group_size in ((1, 128), (16, 32), (256, 128), (256, 8)):
+        for m, group_size in ((1, 128), (2, 64), (16, 32), (256, 128), (256, 8)):
             for has_zeros in (False, True):
                 k, n = 4 * max(group_size, 128), 4096
                 yield forward(m, n, k, dtype=dtype, group_size=group_size, has_zeros=has_zeros, target=target)
