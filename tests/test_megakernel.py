@@ -422,16 +422,17 @@ def kernel_for(config, tiling, num_sms, weights, device="cpu", **kw):
 
 @needs_interpreter
 @settings(max_examples=8)
-@given(problems(max_layers=2), st.integers(0, 2**31 - 1), st.sampled_from([16, 128, 16384]))
-def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed, tile_budget):
+@given(problems(max_layers=2), st.integers(0, 2**31 - 1), st.sampled_from([16, 128, 16384]), st.sampled_from([0, 3]))
+def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed, tile_budget, gemv_stages):
     """Every task body of the kernel (grid=(1,), Triton's interpreter), in a random legal interleaving of the queues,
     writes its NaN-poisoned scratch buffers, the KV cache row and the output as the reference interpreter does; small
-    tile budgets make every GEMV loop run several (masked) tiles, as the real shapes do."""
+    tile budgets make every GEMV loop run several (masked) tiles, as the real shapes do; both GEMV loop forms (tiles
+    prefetched into registers, or Triton's pipeline)."""
     from tile_kernels.megakernel.kernel import SCRATCH
 
     config, tiling, num_sms = problem
     weights = random_weights(config, seed, torch.float32)
-    kernel = kernel_for(config, tiling, num_sms, weights, seed=seed, tile_budget=tile_budget)
+    kernel = kernel_for(config, tiling, num_sms, weights, seed=seed, tile_budget=tile_budget, gemv_stages=gemv_stages)
     gen = torch.Generator().manual_seed(seed)
     cache = torch.randn(config.kv_cache_shape(), generator=gen)
     cache_ref = cache.clone()
@@ -592,13 +593,15 @@ def test_triton_step_bad_inputs():
         build_decode_step(config, random_weights(config, 0, torch.float32), timeout_s=0)
     with pytest.raises(ValueError, match="tile_budget must be a power of two"):
         build_decode_step(config, random_weights(config, 0, torch.float32), tile_budget=3000)
+    with pytest.raises(ValueError, match="gemv_stages must be 0, 2, 3 or 4, got 1"):
+        build_decode_step(config, random_weights(config, 0, torch.float32), gemv_stages=1)
 
 
 def test_the_gpu_path_compiles_for_sm90():
     """Without a GPU: the persistent kernel (debug watchdog and L2 prefetch on), a staged PDL launch, a traced launch,
-    and every body with its int arguments specialized to 1 compile for sm_90 through ptxas, with the acquire loads,
-    nanosleep backoff, globaltimer, release signal, bulk L2 prefetch and griddepcontrol in the PTX (a subprocess: the
-    suite's process interprets)."""
+    the GEMV loops pipelined through cp.async (gemv_stages=3), and every body with its int arguments specialized to 1
+    compile for sm_90 through ptxas, with the acquire loads, nanosleep backoff, globaltimer, release signal, bulk L2
+    prefetch and griddepcontrol in the PTX (a subprocess: the suite's process interprets)."""
     import json
     import subprocess
     import sys
@@ -610,6 +613,8 @@ meta = json.loads(sys.argv[1])
 persistent = compile_ahead(meta, DEBUG=True, PREFETCH=True).asm["ptx"]
 staged = compile_ahead(meta, MODE=1, KIND=3, PDL=True, PREFETCH=True).asm["ptx"]
 traced = compile_ahead(meta, TRACING=True).asm["ptx"]
+pipelined = compile_ahead(meta, GEMV_STAGES=3).asm["ptx"]
+assert pipelined.count("cp.async.cg") > persistent.count("cp.async.cg"), "the GEMV loops are not pipelined"
 ones = dict.fromkeys(("epoch", "position", "task0", "NL", "H", "INTER", "HK", "MAXSEQ", "S"), 1)
 for kind in range(6):  # Triton passes an int argument equal to 1 as a constexpr: every body must compile so
     compile_ahead(meta, MODE=1, KIND=kind, **ones)
@@ -619,7 +624,7 @@ print(json.dumps([persistent, staged, traced]))
     # Llama-3.2-1B's meta at 132 SMs and the default tile budget (16384 elements)
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, BK_O=1024, BN_GU=64, BK_GU=128, BN_D=16,
                 BK_D=1024, BLOCK_S=16, BLOCK_T=64, BLOCK_G=16, BLOCK_DH=32, PF_CHUNKS=256,
-                PF_BYTES=1024, INTERPRET=False, DEBUG=False, PREFETCH=True)  # fmt: skip
+                PF_BYTES=1024, GEMV_STAGES=0, INTERPRET=False, DEBUG=False, PREFETCH=True)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", code, json.dumps(meta)], capture_output=True, text=True, env=env,
                          timeout=300)  # fmt: skip

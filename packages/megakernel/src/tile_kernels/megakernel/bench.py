@@ -156,6 +156,10 @@ def bench_shape(
         "megakernel, 32768-element tiles": lambda: variant(tile_budget=32768),
         "megakernel, 4 warps, 8192-element tiles": lambda: variant(num_warps=4, tile_budget=8192),
         "megakernel, 16 warps": lambda: variant(num_warps=16),
+        # the projections' loops software-pipelined by Triton (cp.async into shared memory): more bytes in flight
+        "megakernel, 3-stage GEMV pipeline": lambda: variant(gemv_stages=3),
+        "megakernel, 4-stage GEMV pipeline": lambda: variant(gemv_stages=4),
+        "megakernel, 4-stage GEMV pipeline, 8192-element tiles": lambda: variant(gemv_stages=4, tile_budget=8192),
         "megakernel, 4 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=4)),
         "megakernel, 8 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=8)),
         # O-projection tiles of 4x the rows: fewer, longer GEMV tasks

@@ -183,7 +183,7 @@ def _norm_chunk(XIN, A, OFFS, buf: tl.constexpr, layer, NL1, wn, H, k0, BLOCK_K:
 
 
 @triton.jit
-def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
     """rows [lo, hi) of the row-major (., K) matrix W times the float32 vector X: fp32 (BLOCK_N,), masked past hi.
 
     Design (QKV, GATEUP and OPROJ run the same loop inline). Batch 1 is bandwidth-bound with one CTA an SM, so what
@@ -202,6 +202,12 @@ def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rows = lo + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N,), tl.float32)
+    if STAGES > 0:  # Megakernel's gemv_stages: Triton's software pipeline, STAGES - 1 tiles in flight through cp.async
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            w = _wtile(W, rows, hi, K, k0, BLOCK_K)
+            x = tl.load(X + k0 + cols, mask=k0 + cols < K, other=0.0, cache_modifier=".cg")
+            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        return acc
     w = _wtile(W, rows, hi, K, 0, BLOCK_K)
     x = tl.load(X + cols, mask=cols < K, other=0.0, cache_modifier=".cg")
     for k0 in range(0, K, BLOCK_K):
@@ -291,6 +297,7 @@ def _task(
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_DH: tl.constexpr,
+    GEMV_STAGES: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """One task (graph.py's table of kinds); `kind` is a constexpr in staged launches (one body compiled)."""
@@ -303,15 +310,21 @@ def _task(
         wn = _ptr(W, OFFS, B_WAN, layer, NL1)
         rows = lo + tl.arange(0, BN_QKV)
         acc = tl.zeros((BN_QKV,), tl.float32)
-        w = _wtile(wqkv, rows, hi, H, 0, BK_QKV)
-        v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, 0, BK_QKV)
-        for k0 in range(0, H, BK_QKV):  # as _gemv, the input normalized chunk by chunk
-            w_next = _wtile(wqkv, rows, hi, H, k0 + BK_QKV, BK_QKV)
-            v_next, g_next = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, k0 + BK_QKV, BK_QKV)
-            acc += tl.sum(w.to(tl.float32) * (v * r * g.to(tl.float32))[None, :], axis=1)
-            w = w_next
-            v = v_next
-            g = g_next
+        if GEMV_STAGES > 0:  # as _gemv
+            for k0 in tl.range(0, H, BK_QKV, num_stages=GEMV_STAGES):
+                w = _wtile(wqkv, rows, hi, H, k0, BK_QKV)
+                v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, k0, BK_QKV)
+                acc += tl.sum(w.to(tl.float32) * (v * r * g.to(tl.float32))[None, :], axis=1)
+        else:
+            w = _wtile(wqkv, rows, hi, H, 0, BK_QKV)
+            v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, 0, BK_QKV)
+            for k0 in range(0, H, BK_QKV):  # as _gemv, the input normalized chunk by chunk
+                w_next = _wtile(wqkv, rows, hi, H, k0 + BK_QKV, BK_QKV)
+                v_next, g_next = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, k0 + BK_QKV, BK_QKV)
+                acc += tl.sum(w.to(tl.float32) * (v * r * g.to(tl.float32))[None, :], axis=1)
+                w = w_next
+                v = v_next
+                g = g_next
         acc += tl.load(_ptr(W, OFFS, B_BQKV, layer, NL1) + rows, mask=rows < hi, other=0.0).to(tl.float32)
         tl.store(_ptr(A, OFFS, B_QKV, layer, NL1) + rows, acc, mask=rows < hi)
     elif kind == 1:  # ATTN of group g = lo, split s (graph.py): rope, the new KV row, (o, m, l) over the split
@@ -377,7 +390,8 @@ def _task(
         tl.store(rec + D + 1, l_i, mask=jg < G)
     elif kind == 2:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] ao
         rows = lo + tl.arange(0, BN_O)
-        acc = _gemv(_ptr(W, OFFS, B_WO, layer, NL1), _ptr(A, OFFS, B_AO, layer, NL1), lo, hi, QD, BN_O, BK_O)
+        wo, ao = _ptr(W, OFFS, B_WO, layer, NL1), _ptr(A, OFFS, B_AO, layer, NL1)
+        acc = _gemv(wo, ao, lo, hi, QD, BN_O, BK_O, GEMV_STAGES)
         res = _vec(XIN, A, OFFS, B_X, layer, NL1, rows, rows < hi)
         tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + acc, mask=rows < hi)
     elif kind == 3:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] m) * (Wu[lo:hi] m), m = h r w_mlp, r = rsqrt(mean(h^2) + eps)
@@ -388,24 +402,34 @@ def _task(
         rows = lo + tl.arange(0, BN_GU)
         acc_g = tl.zeros((BN_GU,), tl.float32)
         acc_u = tl.zeros((BN_GU,), tl.float32)
-        tg = _wtile(wg, rows, hi, H, 0, BK_GU)
-        tu = _wtile(wu, rows, hi, H, 0, BK_GU)
-        v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, 0, BK_GU)
-        for k0 in range(0, H, BK_GU):  # as _gemv, both matrices in one loop, the input normalized chunk by chunk
-            tg_next = _wtile(wg, rows, hi, H, k0 + BK_GU, BK_GU)
-            tu_next = _wtile(wu, rows, hi, H, k0 + BK_GU, BK_GU)
-            v_next, g_next = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, k0 + BK_GU, BK_GU)
-            n = v * r * g.to(tl.float32)
-            acc_g += tl.sum(tg.to(tl.float32) * n[None, :], axis=1)
-            acc_u += tl.sum(tu.to(tl.float32) * n[None, :], axis=1)
-            tg = tg_next
-            tu = tu_next
-            v = v_next
-            g = g_next
+        if GEMV_STAGES > 0:  # as _gemv
+            for k0 in tl.range(0, H, BK_GU, num_stages=GEMV_STAGES):
+                tg = _wtile(wg, rows, hi, H, k0, BK_GU)
+                tu = _wtile(wu, rows, hi, H, k0, BK_GU)
+                v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, k0, BK_GU)
+                n = v * r * g.to(tl.float32)
+                acc_g += tl.sum(tg.to(tl.float32) * n[None, :], axis=1)
+                acc_u += tl.sum(tu.to(tl.float32) * n[None, :], axis=1)
+        else:
+            tg = _wtile(wg, rows, hi, H, 0, BK_GU)
+            tu = _wtile(wu, rows, hi, H, 0, BK_GU)
+            v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, 0, BK_GU)
+            for k0 in range(0, H, BK_GU):  # as _gemv, both matrices in one loop, the input normalized chunk by chunk
+                tg_next = _wtile(wg, rows, hi, H, k0 + BK_GU, BK_GU)
+                tu_next = _wtile(wu, rows, hi, H, k0 + BK_GU, BK_GU)
+                v_next, g_next = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, k0 + BK_GU, BK_GU)
+                n = v * r * g.to(tl.float32)
+                acc_g += tl.sum(tg.to(tl.float32) * n[None, :], axis=1)
+                acc_u += tl.sum(tu.to(tl.float32) * n[None, :], axis=1)
+                tg = tg_next
+                tu = tu_next
+                v = v_next
+                g = g_next
         tl.store(_ptr(A, OFFS, B_ACT, layer, NL1) + rows, acc_g * tl.sigmoid(acc_g) * acc_u, mask=rows < hi)
     elif kind == 4:  # DOWN: x[l + 1][lo:hi] = h[lo:hi] + Wd[lo:hi] act (the last layer writes the step's output)
         rows = lo + tl.arange(0, BN_D)
-        acc = _gemv(_ptr(W, OFFS, B_WD, layer, NL1), _ptr(A, OFFS, B_ACT, layer, NL1), lo, hi, INTER, BN_D, BK_D)
+        wd, act = _ptr(W, OFFS, B_WD, layer, NL1), _ptr(A, OFFS, B_ACT, layer, NL1)
+        acc = _gemv(wd, act, lo, hi, INTER, BN_D, BK_D, GEMV_STAGES)
         y = tl.load(_ptr(A, OFFS, B_H, layer, NL1) + rows, mask=rows < hi, other=0.0, cache_modifier=".cg") + acc
         if layer + 1 == NL:
             tl.store(OUT + rows, y.to(OUT.dtype.element_ty), mask=rows < hi)
@@ -556,6 +580,7 @@ def decode_kernel(
     BLOCK_DH: tl.constexpr,
     PF_CHUNKS: tl.constexpr,
     PF_BYTES: tl.constexpr,
+    GEMV_STAGES: tl.constexpr,
     MODE: tl.constexpr,
     KIND: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -585,7 +610,7 @@ def decode_kernel(
             tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
               eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
-              BLOCK_G, BLOCK_DH, INTERPRET)  # fmt: skip
+              BLOCK_G, BLOCK_DH, GEMV_STAGES, INTERPRET)  # fmt: skip
     else:
         alive = pid * 0 + 1
         for i in range(tl.load(QPTR + pid), tl.load(QPTR + pid + 1)):
@@ -613,7 +638,7 @@ def decode_kernel(
                         tl.store(TRACE + 4 * t + 1, _now(i, 1, INTERPRET))
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
                           MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
-                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_DH, INTERPRET)  # fmt: skip
+                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_DH, GEMV_STAGES, INTERPRET)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
                         tl.store(TRACE + 4 * t + 2, _now(i, 2, INTERPRET))
@@ -640,7 +665,8 @@ class Megakernel:
 
     Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch (sm_90+; default off);
     `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection:
-    _gemv keeps two tiles in flight."""
+    _gemv keeps two tiles in flight; `gemv_stages` 2-4 instead has Triton software-pipeline the projections' loops
+    (gemv_stages - 1 tiles in flight through cp.async into shared memory; 0: the tiles prefetched into registers)."""
 
     def __init__(
         self,
@@ -654,6 +680,7 @@ class Megakernel:
         num_warps: int = 8,
         prefetch: bool | None = None,
         tile_budget: int = TILE_BUDGET,
+        gemv_stages: int = 0,
         seed: int | None = None,
     ):
         import random
@@ -686,6 +713,8 @@ class Megakernel:
         if type(tile_budget) is not int or tile_budget < 1 or tile_budget & (tile_budget - 1):
             raise ValueError(f"megakernel: tile_budget must be a power of two (elements), got {tile_budget!r}")
         self.tile_budget = tile_budget
+        if type(gemv_stages) is not int or gemv_stages not in (0, 2, 3, 4):
+            raise ValueError(f"megakernel: gemv_stages must be 0, 2, 3 or 4, got {gemv_stages!r}")
         weights = [packed[f"{b}[{layer}]"] for b in WEIGHTS for layer in range(c.num_layers)]
         self.dtype = weights[0].dtype
         nl1, align = c.num_layers + 1, ALIGN.value
@@ -775,6 +804,7 @@ class Megakernel:
             BLOCK_DH=max(16, _pow2(c.head_dim // 2)),
             PF_CHUNKS=32 * num_warps,  # one chunk a thread
             PF_BYTES=max(16, -(-max_bytes // (32 * num_warps * 16)) * 16),
+            GEMV_STAGES=gemv_stages,
             INTERPRET=self.interpret,
             DEBUG=bool(debug),
             PREFETCH=self.prefetch,
