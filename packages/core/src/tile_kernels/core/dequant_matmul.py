@@ -267,8 +267,8 @@ class Blocks:
 
 
 def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) -> Blocks:
-    """One or two rows: the FMA kernel, 512 columns on 2 warps (8 a thread), K split so that about six programs an SM
-    stream the weights;
+    """One row (two but on sm_80-89): the FMA kernel, 512 columns on 2 warps (8 a thread), K split so that about six
+    programs an SM stream the weights;
     up to 16 rows: one 16-row tensor-core tile of 256 columns, a product per nibble, K split likewise; up to 64:
     64-row tiles; prefill-sized M: 128 x 128 tiles (16 x 32 in float32) with W formed in a's dtype. BLOCK_K the
     largest of 128 .. 16 that divides the group (one scale row a step; 64 .. 8 for the FMA kernel). The fastest of
@@ -280,7 +280,8 @@ def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) 
         steps = cdiv(k, block_k)
         return cdiv(steps, max(1, steps // cdiv(6 * target.num_sms, cdiv(n, block_n))))
 
-    if m <= 2 and group_size % 8 == 0:
+    # two rows: the GEMV spills on sm_80-89 (ptxas of Triton 3.9: 3.3 KB a thread at 512 x 64), not on sm_90 or AMD
+    if (m == 1 or (m == 2 and not 0 < target.cuda_arch < 90)) and group_size % 8 == 0:
         block_k = next(b for b in (64, 32, 16, 8) if group_size % b == 0)
         return Blocks(m, 512, block_k, 2, stages, split(512, block_k), gemv=True)
     block_k = next((b for b in (128, 64, 32, 16) if group_size % b == 0), 32)
