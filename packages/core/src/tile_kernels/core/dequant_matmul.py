@@ -169,6 +169,10 @@ def dequant_gemv_kernel(
     registers. N and the strides of qweight, scales and zeros come in UNITs (plan.in_units). Rows past M read row
     M - 1 and are not stored."""
     N, stride_qw, stride_s, stride_z = N * UNIT, stride_qw * UNIT, stride_s * UNIT, stride_z * UNIT
+    # + (K >> 31) = + 0 (K >= 0): values ptxas must hold in registers (sm_80 reads an argument from the constant bank
+    # inside the LOP3, which then takes two)
+    even_one += K >> 31
+    odd_one += K >> 31
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     # the scales in the words' vectors of 4 (the bf16 load would take 8), so that they share the words' layout
