@@ -38,8 +38,9 @@ per-op launches; never in the interpreter, before sm_90, or where a row is not a
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in (BN, BK) weight tiles of
-         tile_budget elements, each reduced at once into a (BN,) fp32 accumulator, the next tile loaded before the
-         current one is multiplied (Triton pipelines no load that feeds no dot; _gemv gives the design). QKV and
+         tile_budget elements, each reduced at once into a (BN,) fp32 accumulator, the next tile loaded into
+         registers before the current one is multiplied (or, with gemv_stages, Triton's cp.async pipeline; _gemv
+         gives the design). QKV and
          GATEUP normalize their input on the fly (r = rsqrt(mean(v^2) + eps) from one pass over the hidden vector,
          then each chunk times r and the norm weight: no NORM task, no hop; QKV adds its rows' biases, zeros for a
          model without them). OPROJ multiplies the combined attention
@@ -188,10 +189,11 @@ def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES:
 
     Design (QKV, GATEUP and OPROJ run the same loop inline). Batch 1 is bandwidth-bound with one CTA an SM, so what
     matters is the weight bytes in flight per SM (Little's law: ~32 GB/s an SM at ~1 us loaded latency needs 32 KB+
-    in flight at all times). The next (BLOCK_N, BLOCK_K) tile is loaded, as 16-byte vectors, before the current one
-    is multiplied (Triton pipelines no load that feeds no dot): two tiles of Megakernel's tile_budget elements in
-    flight, and the vector's next chunk with its tile (an L2 round trip for it at each iteration would bound the
-    iteration where the weights come from L2). Each product tile is reduced at once into a (BLOCK_N,) accumulator
+    in flight at all times). The next (BLOCK_N, BLOCK_K) tile is loaded into registers, as 16-byte vectors, before the
+    current one is multiplied (STAGES 0; with STAGES > 0 Triton's software pipeline keeps STAGES - 1 tiles in flight
+    in shared memory instead): two tiles of Megakernel's tile_budget elements in flight, and the vector's next chunk
+    with its tile (an L2 round trip for it at each iteration would bound the iteration where the weights come from
+    L2). Each product tile is reduced at once into a (BLOCK_N,) accumulator
     (in-thread adds, warp shuffles, a shared-memory step where BLOCK_K spans several warps), so the registers hold the
     two weight tiles and no tile-shaped fp32 accumulator: budget / (32 x num_warps) a thread for 16-bit weights (64 at
     16384 elements and 8 warps; the 8192 budget's tile-shaped accumulator took 64 too).
