@@ -38,6 +38,8 @@ def decode_candidates(m):
             yield core.Blocks(m, block_n, block_k, warps, 3, split, gemv=True)
     for block_n, warps, split in itertools.product((128, 256), (4, 8), (0, 8, 16)):
         yield core.Blocks(16, block_n, 128, warps, 3, split, by_nibble=True)
+    for block_n, stages, split in itertools.product((128, 256), (2, 3), (0, 8, 16)):  # W^T a^T, weights in registers
+        yield core.Blocks(16, block_n, 128, 4, stages, split, transposed=True)
 
 
 def prefill_candidates():

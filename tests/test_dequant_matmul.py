@@ -94,6 +94,48 @@ def test_gemv_tiles(monkeypatch, dtype, zeros, m, rows, block_n, warps, split_k)
     np.testing.assert_allclose(out.double().cpu().numpy(), ref, rtol=tol, atol=tol * np.abs(ref).max())
 
 
+@needs_torch
+@pytest.mark.parametrize("dtype, zeros", [("bfloat16", False), ("float16", True), ("bfloat16", True)])
+@pytest.mark.parametrize(
+    "m, block_n, block_k, group_size, split_k",
+    [(1, 64, 64, 64, 1), (5, 64, 64, 128, 3), (16, 128, 128, 128, 2), (19, 64, 64, 64, 5)],
+)
+def test_transposed_tiles(monkeypatch, dtype, zeros, m, block_n, block_k, group_size, split_k):
+    """dequant_matmul_t_kernel: one row of `a`, a part-filled and a full 16-row tile, rows past one tile (19),
+    2 steps a group, K split unevenly (7 steps over 3 programs, or 5 with an empty last), N not a multiple of the
+    tile (200: the word loads clamp their columns), against the float64 reference."""
+    import torch
+
+    from tile_kernels.core.plan import Target
+    from tile_kernels.torch import _runtime
+    from tile_kernels.torch._runtime import Executor
+
+    monkeypatch.setattr(dm, "blocks", lambda *a: dm.Blocks(16, block_n, block_k, 4, 1, split_k, transposed=True))
+    k, n = 448 if group_size == 64 else 512, 200
+    kwargs = dm.sample(np.random.default_rng(m + split_k), (m, k, n), dtype, zeros=zeros, group_size=group_size)
+    dev = "cuda" if DEVICE == "gpu" else "cpu"
+    names = ("a", "qweight", "scales") + (("zeros",) if zeros else ())
+    args = [torch.from_numpy(kwargs[n] if n == "qweight" else np.asarray(kwargs[n], np.float32)) for n in names]
+    args = [(t if t.dtype == torch.int32 else t.to(getattr(torch, dtype))).to(dev) for t in args]
+    target = _runtime.target(args[0].device) if DEVICE == "gpu" else Target(num_sms=4)  # the GPU's: its asm loads
+    plan = dm.forward(m, n, k, dtype=dtype, group_size=group_size, has_zeros=zeros, target=target)
+    assert plan.launches[0].kernel is dm.dequant_matmul_t_kernel
+    assert plan.launches[0].constexprs["ASM"] == (DEVICE == "gpu" and torch.version.hip is None)
+    assert plan.launches[0].constexprs["SPLIT_K"] == split_k
+    (out,) = Executor(plan)(*args, device=args[0].device)
+    (ref,) = dm.reference(**kwargs)
+    tol = {"float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+    np.testing.assert_allclose(out.double().cpu().numpy(), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+def test_transposed_tiles_reject_float32(monkeypatch):
+    from tile_kernels.core.plan import Target
+
+    monkeypatch.setattr(dm, "blocks", lambda *a: dm.Blocks(16, 64, 64, 4, 1, transposed=True))
+    with pytest.raises(ValueError, match="transposed tiles take 16-bit a.*got float32"):
+        dm.forward(4, 64, 128, dtype="float32", group_size=64, has_zeros=False, target=Target(num_sms=4))
+
+
 @needs_jax
 def test_jax_jit_and_vmap():
     import jax

@@ -19,6 +19,8 @@ per row block, so at decode sizes the kernels stream the int4 weights, a quarter
     steps as eight products of depth 16, one per nibble, so no interleave of the codes (BY_NIBBLE). Otherwise W =
     (code - z) s is formed in fp32 and rounded to a's dtype before the product (prefill sizes, groups narrower than a
     step: a scale per (k, n)).
+  * dequant_matmul_t_kernel, tensor cores for up to 16 rows of `a`, transposed (W^T a^T): the codes, two an and-or,
+    are the register operand of the product as loaded, no layout conversion (a sweep candidate, Blocks.transposed).
   K may be split over programs (SPLIT_K: decode sizes, so that enough programs stream the weights), the fp32 partial
 products then summed in a fixed order (rows.sum_partials). The reference (`weight`) rounds W to a's dtype, as the
 dequantize-then-multiply it stands for; the POST_SCALE and FMA paths skip that rounding (within the tolerance).
@@ -228,6 +230,98 @@ def dequant_gemv_kernel(
         tl.store(out, accs[r].to(OUT.dtype.element_ty), mask=col_ok & (cols * 0 + row0 + r < M))
 
 
+@triton.jit
+def _dot_into(x, y, acc, IEEE: tl.constexpr):
+    """x @ y + acc, fp32 accumulation; IEEE: float32 operands (the interpreter's dot multiplies bitcast bfloat16
+    tiles as raw bits)."""
+    if IEEE:
+        return tl.dot(x.to(tl.float32), y.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(x, y, acc)
+
+
+@triton.jit
+def _load_words(ptrs, ASM: tl.constexpr):
+    """int32 words at ptrs. ASM (NVIDIA): by inline PTX, so Triton neither pipelines them through shared memory nor
+    picks their layout: they take the layout of their use, the tensor cores' register operand (4 bytes a lane, 8 lanes
+    on 32 adjacent bytes). Unmasked: the caller keeps ptrs in bounds."""
+    if ASM:
+        return tl.inline_asm_elementwise("ld.global.b32 $0, [$1];", "=r,l", [ptrs.to(tl.int64, bitcast=True)],
+                                         dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
+    return tl.load(ptrs)
+
+
+@triton.jit
+def _biased_pairs(packed, s: tl.constexpr, magic2, dtype: tl.constexpr):
+    """Nibbles s and s + 4 of each word as a pair of 16-bit floats (MAGIC + code_s, MAGIC + code_{s+4}), shape
+    (..., 2): (w >> 4 s) & 0x000F000F | magic2 (magic2: MAGIC's bits in both halves, a register) is one shift and one
+    and-or for two codes; the halves are the pair's registers, nothing moves."""
+    if s > 0:
+        packed = packed >> (4 * s)  # the mask drops the sign bits
+    pair = (packed & 0x000F000F) | magic2
+    lo = pair.to(tl.int16).to(dtype, bitcast=True)
+    hi = (pair >> 16).to(tl.int16).to(dtype, bitcast=True)
+    return tl.join(lo, hi)
+
+
+@triton.jit
+def dequant_matmul_t_kernel(
+    A, QW, S, Z, M, N, K, stride_a, stride_qw, stride_s, stride_z, magic2,
+    OUT,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_STEPS: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_ZEROS: tl.constexpr, MAGIC: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K); as dequant_matmul_kernel, transposed for few rows of `a`:
+    out^T (BLOCK_N, BLOCK_M) = W^T a^T, so the dequantized weights are the tensor cores' register operand (sm_90:
+    wgmma's A from registers, a^T from shared memory) and reach it without a layout conversion. A step's words
+    (BLOCK_N, BLOCK_K / 8), the next step's loaded before this step's math, give four products: product s takes
+    nibbles s and s + 4 of every word (`_biased_pairs`: 2 codes an and-or), at depth k' = 2 i + h <-> k = 8 i + s + 4 h,
+    times a's elements permuted alike in registers. Post-scaled as dequant_matmul_kernel: s (P - (MAGIC + z) rowsum a).
+    16-bit a only; BLOCK_K divides group_size (GROUP_STEPS steps a group) and is >= 64; N >= BLOCK_N."""
+    KW: tl.constexpr = BLOCK_K // 8
+    magic2 += K >> 31  # + 0 (K >= 0): held in a register, so each and-or is one LOP3
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # the last column block ends at N (N >= BLOCK_N), overlapping its neighbour: the unmasked word loads stay in
+    # bounds and a thread's words keep constant column offsets (immediates in the loads' addresses)
+    cols = tl.minimum(tl.program_id(0) * BLOCK_N, N - BLOCK_N) + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    total = K // BLOCK_K
+    per_split = tl.cdiv(total, SPLIT_K)
+    first = tl.program_id(2) * per_split
+    last = tl.minimum(total, first + per_split)
+    a_rows = A + rows.to(tl.int64) * stride_a
+    # an empty split loads the last step's words (never used)
+    w_ptrs = QW + (tl.minimum(first, total - 1) * KW).to(tl.int64) * stride_qw + \
+        (tl.arange(0, KW)[None, :] * stride_qw + cols[:, None])  # fmt: skip
+    following = _load_words(w_ptrs, ASM)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for step in range(first, last):
+        packed = following
+        w_ptrs += KW * stride_qw
+        if step + 1 < last:
+            following = _load_words(w_ptrs, ASM)
+        group = step // GROUP_STEPS
+        s = tl.load(S + group * stride_s + cols).to(tl.float32)
+        if HAS_ZEROS:
+            z = tl.load(Z + group * stride_z + cols).to(tl.float32)
+        else:
+            z = tl.full((BLOCK_N,), 8.0, tl.float32)
+        a = tl.load(a_rows[:, None] + step * BLOCK_K + tl.arange(0, BLOCK_K)[None, :], mask=row_ok[:, None], other=0.0)
+        a_sum = tl.sum(a.to(tl.float32), axis=1)
+        # k = 8 i + 4 h + 2 s1 + s0 -> (s1, s0, i, h): a's (BLOCK_M, 2 KW) slices for s = 2 s1 + s0
+        a_q = tl.reshape(tl.permute(tl.reshape(a, (BLOCK_M, KW, 2, 2, 2)), (0, 3, 4, 1, 2)), (BLOCK_M, 2, 2, 2 * KW))
+        a01, a23 = tl.split(tl.permute(a_q, (0, 2, 3, 1)))
+        a0, a1 = tl.split(tl.permute(a01, (0, 2, 1)))
+        a2, a3 = tl.split(tl.permute(a23, (0, 2, 1)))
+        a_s = (a0, a1, a2, a3)
+        part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for nib in tl.static_range(4):
+            w = tl.reshape(_biased_pairs(packed, nib, magic2, A.dtype.element_ty), (BLOCK_N, 2 * KW))
+            part = _dot_into(w, tl.trans(a_s[nib]), part, IEEE)
+        acc += (part - (z + MAGIC)[:, None] * a_sum[None, :]) * s[:, None]
+    out = OUT + tl.program_id(2).to(tl.int64) * M * N + rows[None, :].to(tl.int64) * N + cols[:, None]
+    tl.store(out, acc.to(OUT.dtype.element_ty), mask=row_ok[None, :])
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # validation, plans
 
@@ -256,8 +350,9 @@ def check(a, qweight, scales, group_size=128, zeros=None) -> None:
 
 @dataclass(frozen=True)
 class Blocks:
-    """A launch configuration: the kernel (dequant_gemv_kernel if gemv, else dequant_matmul_kernel), its constexprs
-    of the same names (the GEMV's ROWS: block_m), and the split of K over programs (partial products summed after)."""
+    """A launch configuration: the kernel (dequant_gemv_kernel if gemv, dequant_matmul_t_kernel if transposed, else
+    dequant_matmul_kernel), its constexprs of the same names (the GEMV's ROWS: block_m), and the split of K over
+    programs (partial products summed after)."""
 
     block_m: int
     block_n: int
@@ -268,6 +363,7 @@ class Blocks:
     gemv: bool = False
     post_scale: bool = True
     by_nibble: bool = False
+    transposed: bool = False
 
 
 def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) -> Blocks:
@@ -301,6 +397,7 @@ def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) 
 
 
 GEMV_ONES = (0x41800000, 0x3F800000)  # 16.0f, 1.0f: dequant_gemv_kernel's even_one, odd_one
+MAGIC_PAIRS = {"bfloat16": 0x43004300, "float16": 0x64006400}  # dequant_matmul_t_kernel's magic2: `magic` twice
 
 
 def magic(dtype: str) -> float:
@@ -329,7 +426,17 @@ def forward(m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: b
         reads = ("a", "qweight", "scales", "zeros" if has_zeros else None, m, n, k, group_size, *strides)
         constexprs = dict(BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_K=b.block_k, SPLIT_K=b.split_k,
                           HAS_ZEROS=has_zeros)  # fmt: skip
-        if b.gemv:
+        if b.transposed:
+            if dtype not in MAGIC_PAIRS or b.block_k < 64 or not one_group or n < b.block_n:
+                raise ValueError(f"{NAME}: transposed tiles take 16-bit a, a block_k >= 64 that divides group_size "
+                                 f"and N >= block_n, got {dtype}, block_k {b.block_k}, group_size {group_size}, "
+                                 f"N {n}")  # fmt: skip
+            constexprs = dict(BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_K=b.block_k,
+                              GROUP_STEPS=group_size // b.block_k, SPLIT_K=b.split_k, HAS_ZEROS=has_zeros,
+                              MAGIC=magic(dtype), IEEE=ieee, ASM=target.cuda_arch > 0)  # fmt: skip
+            reads = (*reads[:7], *strides, MAGIC_PAIRS[dtype])
+            launches = (Launch(dequant_matmul_t_kernel, grid, reads, (products,), constexprs, b.warps, b.stages),)
+        elif b.gemv:
             constexprs = dict(BLOCK_N=b.block_n, BLOCK_K=b.block_k, ROWS=b.block_m,
                               GROUP_STEPS=group_size // b.block_k, SPLIT_K=b.split_k, HAS_ZEROS=has_zeros)  # fmt: skip
             reads = (*reads[:7], *strides, *GEMV_ONES)
