@@ -407,15 +407,16 @@ def magic(dtype: str) -> float:
 
 def forward(m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: bool, target: Target,
             stride_a: int | None = None, stride_qw: int | None = None, stride_s: int | None = None,
-            stride_z: int | None = None) -> Plan:  # fmt: skip
+            stride_z: int | None = None, tiles: Blocks | None = None) -> Plan:  # fmt: skip
     """Inputs a (M, K), qweight (K / 8, N), scales [and zeros] (K / group_size, N), each at its row stride (None:
     compact) with a unit column stride. Output out (M, N) compact in a's dtype (zeros when K = 0). With K split, a
-    (split, M, N) fp32 buffer of partial products, summed in a fixed order by rows.sum_partials."""
+    (split, M, N) fp32 buffer of partial products, summed in a fixed order by rows.sum_partials. `tiles` overrides
+    `blocks`' choice."""
     inputs = {"a": dtype, "qweight": "int32", "scales": dtype} | ({"zeros": dtype} if has_zeros else {})
     buffers = {"out": BufferSpec((m, n), dtype, zeroed=not (m and n and k))}
     launches = ()
     if m and n and k:
-        b = blocks(m, n, k, group_size, dtype, target)
+        b = tiles or blocks(m, n, k, group_size, dtype, target)
         ieee = ieee_dots(dtype)
         strides = (k if stride_a is None else stride_a, *(n if s is None else s for s in (stride_qw, stride_s)),
                    (n if stride_z is None else stride_z) if has_zeros else 0)  # fmt: skip
@@ -561,6 +562,9 @@ def plans(target: Target):
             for has_zeros in (False, True):
                 k, n = 4 * max(group_size, 128), 4096
                 yield forward(m, n, k, dtype=dtype, group_size=group_size, has_zeros=has_zeros, target=target)
+                if dtype in MAGIC_PAIRS and m == 16:  # the transposed tiles (a sweep candidate)
+                    tiles = Blocks(16, 128, 128, 4, 2, 8, transposed=True)
+                    yield forward(m, n, k, dtype=dtype, group_size=128, has_zeros=has_zeros, target=target, tiles=tiles)
 
 
 INFO = register(
