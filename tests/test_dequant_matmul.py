@@ -67,31 +67,38 @@ def test_decode_sizes_split_k(driver, dtype, m, group_size, zeros):
     np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=tol, atol=tol * np.abs(ref).max())
 
 
-@needs_torch
-@pytest.mark.parametrize("dtype, zeros", [("bfloat16", False), ("float16", True), ("float32", True)])
-@pytest.mark.parametrize("m, rows, block_n, warps, split_k", [(1, 1, 128, 1, 3), (3, 2, 256, 1, 1), (3, 4, 128, 2, 5)])
-def test_gemv_tiles(monkeypatch, dtype, zeros, m, rows, block_n, warps, split_k):
-    """dequant_gemv_kernel at 4 and 8 columns a thread, 1, 2 or 4 rows a program (3 rows of `a`: a program with rows
-    past M), 2 steps a group, K split unevenly (14 steps over 3 or 5 programs: the last takes fewer), N not a
-    multiple of the tile, against the float64 reference."""
+def _run_tiles(tiles, m, k, n, group_size, dtype, zeros, seed, tol):
+    """dequant_matmul with the launch configuration `tiles` against the float64 reference (relative to its largest
+    entry); returns the plan's first launch. On a GPU the plan is built for its target, else for a 4-SM one."""
     import torch
 
     from tile_kernels.core.plan import Target
-    from tile_kernels.torch._runtime import Executor
+    from tile_kernels.torch import _runtime
 
-    monkeypatch.setattr(dm, "blocks", lambda *a: dm.Blocks(rows, block_n, 32, warps, 1, split_k, gemv=True))
-    k, n, group_size = 448, 200, 64
-    kwargs = dm.sample(np.random.default_rng(block_n + split_k), (m, k, n), dtype, zeros=zeros, group_size=group_size)
+    kwargs = dm.sample(np.random.default_rng(seed), (m, k, n), dtype, zeros=zeros, group_size=group_size)
     dev = "cuda" if DEVICE == "gpu" else "cpu"
     names = ("a", "qweight", "scales") + (("zeros",) if zeros else ())
     args = [torch.from_numpy(kwargs[n] if n == "qweight" else np.asarray(kwargs[n], np.float32)) for n in names]
     args = [(t if t.dtype == torch.int32 else t.to(getattr(torch, dtype))).to(dev) for t in args]
-    plan = dm.forward(m, n, k, dtype=dtype, group_size=group_size, has_zeros=zeros, target=Target(num_sms=4))
-    assert plan.launches[0].constexprs["SPLIT_K"] == split_k
-    (out,) = Executor(plan)(*args, device=args[0].device)
+    target = _runtime.target(args[0].device) if DEVICE == "gpu" else Target(num_sms=4)
+    plan = dm.forward(m, n, k, dtype=dtype, group_size=group_size, has_zeros=zeros, target=target, tiles=tiles)
+    (out,) = _runtime.Executor(plan)(*args, device=args[0].device)
     (ref,) = dm.reference(**kwargs)
-    tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
     np.testing.assert_allclose(out.double().cpu().numpy(), ref, rtol=tol, atol=tol * np.abs(ref).max())
+    return plan.launches[0]
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype, zeros", [("bfloat16", False), ("float16", True), ("float32", True)])
+@pytest.mark.parametrize("m, rows, block_n, warps, split_k", [(1, 1, 128, 1, 3), (3, 2, 256, 1, 1), (3, 4, 128, 2, 5)])
+def test_gemv_tiles(dtype, zeros, m, rows, block_n, warps, split_k):
+    """dequant_gemv_kernel at 4 and 8 columns a thread, 1, 2 or 4 rows a program (3 rows of `a`: a program with rows
+    past M), 2 steps a group, K split unevenly (14 steps over 3 or 5 programs: the last takes fewer), N not a
+    multiple of the tile, against the float64 reference."""
+    tiles = dm.Blocks(rows, block_n, 32, warps, 1, split_k, gemv=True)
+    tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+    launch = _run_tiles(tiles, m, 448, 200, 64, dtype, zeros, block_n + split_k, tol)
+    assert launch.kernel is dm.dequant_gemv_kernel and launch.constexprs["SPLIT_K"] == split_k
 
 
 @needs_torch
@@ -100,40 +107,28 @@ def test_gemv_tiles(monkeypatch, dtype, zeros, m, rows, block_n, warps, split_k)
     "m, block_n, block_k, group_size, split_k",
     [(1, 64, 64, 64, 1), (5, 64, 64, 128, 3), (16, 128, 128, 128, 2), (19, 64, 64, 64, 5)],
 )
-def test_transposed_tiles(monkeypatch, dtype, zeros, m, block_n, block_k, group_size, split_k):
+def test_transposed_tiles(dtype, zeros, m, block_n, block_k, group_size, split_k):
     """dequant_matmul_t_kernel: one row of `a`, a part-filled and a full 16-row tile, rows past one tile (19),
     2 steps a group, K split unevenly (7 steps over 3 programs, or 5 with an empty last), N not a multiple of the
-    tile (200: the word loads clamp their columns), against the float64 reference."""
+    tile (200: the last column block overlaps its neighbour), against the float64 reference; on a GPU its asm
+    loads."""
     import torch
 
-    from tile_kernels.core.plan import Target
-    from tile_kernels.torch import _runtime
-    from tile_kernels.torch._runtime import Executor
-
-    monkeypatch.setattr(dm, "blocks", lambda *a: dm.Blocks(16, block_n, block_k, 4, 1, split_k, transposed=True))
-    k, n = 448 if group_size == 64 else 512, 200
-    kwargs = dm.sample(np.random.default_rng(m + split_k), (m, k, n), dtype, zeros=zeros, group_size=group_size)
-    dev = "cuda" if DEVICE == "gpu" else "cpu"
-    names = ("a", "qweight", "scales") + (("zeros",) if zeros else ())
-    args = [torch.from_numpy(kwargs[n] if n == "qweight" else np.asarray(kwargs[n], np.float32)) for n in names]
-    args = [(t if t.dtype == torch.int32 else t.to(getattr(torch, dtype))).to(dev) for t in args]
-    target = _runtime.target(args[0].device) if DEVICE == "gpu" else Target(num_sms=4)  # the GPU's: its asm loads
-    plan = dm.forward(m, n, k, dtype=dtype, group_size=group_size, has_zeros=zeros, target=target)
-    assert plan.launches[0].kernel is dm.dequant_matmul_t_kernel
-    assert plan.launches[0].constexprs["ASM"] == (DEVICE == "gpu" and torch.version.hip is None)
-    assert plan.launches[0].constexprs["SPLIT_K"] == split_k
-    (out,) = Executor(plan)(*args, device=args[0].device)
-    (ref,) = dm.reference(**kwargs)
-    tol = {"float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
-    np.testing.assert_allclose(out.double().cpu().numpy(), ref, rtol=tol, atol=tol * np.abs(ref).max())
+    tiles = dm.Blocks(16, block_n, block_k, 4, 1, split_k, transposed=True)
+    k = 448 if group_size == 64 else 512
+    launch = _run_tiles(
+        tiles, m, k, 200, group_size, dtype, zeros, m + split_k, {"float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+    )
+    assert launch.kernel is dm.dequant_matmul_t_kernel and launch.constexprs["SPLIT_K"] == split_k
+    assert launch.constexprs["ASM"] == (DEVICE == "gpu" and torch.version.hip is None)
 
 
-def test_transposed_tiles_reject_float32(monkeypatch):
+def test_transposed_tiles_reject_float32():
     from tile_kernels.core.plan import Target
 
-    monkeypatch.setattr(dm, "blocks", lambda *a: dm.Blocks(16, 64, 64, 4, 1, transposed=True))
+    tiles = dm.Blocks(16, 64, 64, 4, 1, transposed=True)
     with pytest.raises(ValueError, match="transposed tiles take 16-bit a.*got float32"):
-        dm.forward(4, 64, 128, dtype="float32", group_size=64, has_zeros=False, target=Target(num_sms=4))
+        dm.forward(4, 64, 128, dtype="float32", group_size=64, has_zeros=False, target=Target(num_sms=4), tiles=tiles)
 
 
 @needs_jax

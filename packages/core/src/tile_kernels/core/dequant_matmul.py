@@ -231,15 +231,6 @@ def dequant_gemv_kernel(
 
 
 @triton.jit
-def _dot_into(x, y, acc, IEEE: tl.constexpr):
-    """x @ y + acc, fp32 accumulation; IEEE: float32 operands (the interpreter's dot multiplies bitcast bfloat16
-    tiles as raw bits)."""
-    if IEEE:
-        return tl.dot(x.to(tl.float32), y.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(x, y, acc)
-
-
-@triton.jit
 def _load_words(ptrs, ASM: tl.constexpr):
     """int32 words at ptrs. ASM (NVIDIA): by inline PTX, so Triton neither pipelines them through shared memory nor
     picks their layout: they take the layout of their use, the tensor cores' register operand (4 bytes a lane, 8 lanes
@@ -316,7 +307,7 @@ def dequant_matmul_t_kernel(
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for nib in tl.static_range(4):
             w = tl.reshape(_biased_pairs(packed, nib, magic2, A.dtype.element_ty), (BLOCK_N, 2 * KW))
-            part = _dot_into(w, tl.trans(a_s[nib]), part, IEEE)
+            part += dot(w, tl.trans(a_s[nib]), IEEE)
         acc += (part - (z + MAGIC)[:, None] * a_sum[None, :]) * s[:, None]
     out = OUT + tl.program_id(2).to(tl.int64) * M * N + rows[None, :].to(tl.int64) * N + cols[:, None]
     tl.store(out, acc.to(OUT.dtype.element_ty), mask=row_ok[None, :])
@@ -432,9 +423,8 @@ def forward(m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: b
                 raise ValueError(f"{NAME}: transposed tiles take 16-bit a, a block_k >= 64 that divides group_size "
                                  f"and N >= block_n, got {dtype}, block_k {b.block_k}, group_size {group_size}, "
                                  f"N {n}")  # fmt: skip
-            constexprs = dict(BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_K=b.block_k,
-                              GROUP_STEPS=group_size // b.block_k, SPLIT_K=b.split_k, HAS_ZEROS=has_zeros,
-                              MAGIC=magic(dtype), IEEE=ieee, ASM=target.cuda_arch > 0)  # fmt: skip
+            constexprs |= dict(GROUP_STEPS=group_size // b.block_k, MAGIC=magic(dtype), IEEE=ieee,
+                               ASM=target.cuda_arch > 0)  # fmt: skip
             reads = (*reads[:7], *strides, MAGIC_PAIRS[dtype])
             launches = (Launch(dequant_matmul_t_kernel, grid, reads, (products,), constexprs, b.warps, b.stages),)
         elif b.gemv:
@@ -556,15 +546,18 @@ def bad_inputs(kwargs) -> list[BadInput]:
 
 
 def plans(target: Target):
-    """Decode- and prefill-sized tiles for each dtype, with and without zeros, one-group and per-k scale steps."""
+    """Decode- and prefill-sized tiles for each dtype, with and without zeros, one-group and per-k scale steps; the
+    transposed tiles for 16-bit dtypes."""
     for dtype in DTYPES:
         for m, group_size in ((1, 128), (2, 64), (16, 32), (256, 128), (256, 8)):
             for has_zeros in (False, True):
                 k, n = 4 * max(group_size, 128), 4096
                 yield forward(m, n, k, dtype=dtype, group_size=group_size, has_zeros=has_zeros, target=target)
-                if dtype in MAGIC_PAIRS and m == 16:  # the transposed tiles (a sweep candidate)
-                    tiles = Blocks(16, 128, 128, 4, 2, 8, transposed=True)
-                    yield forward(m, n, k, dtype=dtype, group_size=128, has_zeros=has_zeros, target=target, tiles=tiles)
+    transposed = Blocks(16, 128, 128, 4, 2, 8, transposed=True)  # a sweep candidate, not yet `blocks`' choice
+    for dtype in MAGIC_PAIRS:
+        for has_zeros in (False, True):
+            yield forward(16, 4096, 512, dtype=dtype, group_size=128, has_zeros=has_zeros, target=target,
+                          tiles=transposed)  # fmt: skip
 
 
 INFO = register(
