@@ -4,7 +4,7 @@ contiguous and paged (page 64). Device time of the op (triton.testing.do_bench m
 CUDA-graph replays where the calls capture), TFLOP/s, GB/s, the split count, and max |diff| of out / lse to the
 Triton output. Writes results.txt and results.json (with GPU name, versions, date) to --out.
 
-    python benchmarks/sweep_mla_decode_tilelang.py --out DIR [--shape B,S ...] [--dtype bfloat16]
+    python benchmarks/sweep_mla_decode_tilelang.py --out DIR [--shape B,S ...] [--dtype bfloat16] [--splits 8,16]
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ SHAPES = ("1,32768", "32,8192", "64,4096", "128,4096", "128,2048")
 L2_BYTES = 60 << 20
 
 
-def tilelang_call(x, tile_config):
-    """The TileLang plan of one config (built once), as a call of the input tuple."""
+def tilelang_call(x, tile_config, num_splits=None):
+    """The TileLang plan of one config (built once; num_splits None: the heuristic's), as a call of the input
+    tuple."""
     q_nope, q_pe, kv, kp, lengths, table = x
     batch, heads, latent = q_nope.shape
     paged = table is not None
@@ -41,7 +42,7 @@ def tilelang_call(x, tile_config):
     plan = core.compiled_forward("tilelang", batch, heads, latent, q_pe.shape[2], capacity,
                                  dtype=dtype_name(q_nope.dtype), scale=None, arch=cuda_arch(q_nope.device),
                                  target=target(q_nope.device), page_size=kv.shape[1] if paged else None,
-                                 tile_config=tile_config)  # fmt: skip
+                                 tile_config=tile_config, num_splits=num_splits)  # fmt: skip
     splits = plan.buffers["partial_o"].shape[2] if "partial_o" in plan.buffers else 1
     run = Executor(plan)
 
@@ -73,6 +74,7 @@ def main(argv=None):
     parser.add_argument("--shape", action="append", help=f"batch,context (default: {' '.join(SHAPES)})")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--configs", default=",".join(tl_kernel.CONFIGS), help="TileLang configs to time")
+    parser.add_argument("--splits", default="", help="split counts to time with the default config, e.g. 8,16,32")
     parser.add_argument("--out", required=True, help="directory for results.txt and results.json")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -111,6 +113,9 @@ def main(argv=None):
                 say(f"{batch}x{seqlen} {layout} tilelang[{cfg}]: {type(e).__name__}: {e}")
                 continue
             runs.append((f"tilelang[{cfg}]", call, splits))
+        for count in filter(None, args.splits.split(",")):
+            call, splits = tilelang_call(sets[0], None, int(count))
+            runs.append((f"tilelang splits={count}", call, splits))
         for name, fn, splits in runs:
             try:
                 got = fn(sets[0])

@@ -20,7 +20,7 @@ per row block, so at decode sizes the kernels stream the int4 weights, a quarter
     (code - z) s is formed in fp32 and rounded to a's dtype before the product (prefill sizes, groups narrower than a
     step: a scale per (k, n)).
   * dequant_matmul_t_kernel, tensor cores for up to 16 rows of `a`, transposed (W^T a^T): the codes, two an and-or,
-    are the register operand of the product as loaded, no layout conversion (a sweep candidate, Blocks.transposed).
+    are the register operand of the product as loaded, no layout conversion (Blocks.transposed; 2-16 rows on sm_90).
   K may be split over programs (SPLIT_K: decode sizes, so that enough programs stream the weights), the fp32 partial
 products then summed in a fixed order (rows.sum_partials). The reference (`weight`) rounds W to a's dtype, as the
 dequantize-then-multiply it stands for; the POST_SCALE and FMA paths skip that rounding (within the tolerance).
@@ -358,28 +358,32 @@ class Blocks:
 
 
 def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) -> Blocks:
-    """One row (two but on sm_80-89): the FMA kernel, 512 columns on 2 warps (8 a thread), K split so that about six
-    programs an SM stream the weights;
-    up to 16 rows: one 16-row tensor-core tile of 256 columns, a product per nibble, K split likewise; up to 64:
-    64-row tiles; prefill-sized M: 128 x 128 tiles (16 x 32 in float32) with W formed in a's dtype. BLOCK_K the
-    largest of 128 .. 16 that divides the group (one scale row a step; 64 .. 8 for the FMA kernel). The fastest of
-    benchmarks/sweep_dequant_matmul.py on an H200 (benchmarks/results/h200/notes.md). Wavefront-64 (AMD) targets,
-    64 KiB of LDS: one software-pipelining stage."""
+    """One row (two on AMD): the FMA kernel, 512 columns on 4 warps (4 a thread), K split so that about six programs
+    an SM stream the weights; up to 16 rows on sm_90: the transposed tensor-core kernel (weights in registers), 256
+    columns, K split for about twelve programs an SM, where it applies (16-bit a, one group a step of 64 or more, N >=
+    256); elsewhere one 16-row tensor-core tile of 256 columns, a product per nibble, K split for six; up to 64: 64-row
+    tiles; prefill-sized M: 128 x 128 tiles (16 x 32 in float32) with W formed in a's dtype. BLOCK_K the largest of
+    128 .. 16 that divides the group (one scale row a step; 32 .. 8 for the FMA kernel). The fastest of
+    benchmarks/sweep_dequant_matmul.py on an H100 and an H200 (benchmarks/results/h200/notes.md). Wavefront-64 (AMD)
+    targets, 64 KiB of LDS: one software-pipelining stage."""
     stages = 1 if target.warp_size == 64 else 3
 
-    def split(block_n, block_k):  # about six programs an SM, each as many steps (the last one may take fewer)
+    def split(block_n, block_k, per_sm=6):  # about per_sm programs an SM, each as many steps (the last may take fewer)
         steps = cdiv(k, block_k)
-        return cdiv(steps, max(1, steps // cdiv(6 * target.num_sms, cdiv(n, block_n))))
+        return cdiv(steps, max(1, steps // cdiv(per_sm * target.num_sms, cdiv(n, block_n))))
 
-    # two rows: the GEMV spills on sm_80-89 (ptxas of Triton 3.9: 3.3 KB a thread at 512 x 64), not on sm_90 or AMD
-    if (m == 1 or (m == 2 and not 0 < target.cuda_arch < 90)) and group_size % 8 == 0:
-        block_k = next(b for b in (64, 32, 16, 8) if group_size % b == 0)
-        return Blocks(m, 512, block_k, 2, stages, split(512, block_k), gemv=True)
+    # two rows: the GEMV spills on sm_80-89 (ptxas of Triton 3.9: 3.3 KB a thread at 512 x 64); sm_90 has the
+    # transposed kernel
+    if (m == 1 or (m == 2 and target.cuda_arch == 0)) and group_size % 8 == 0:
+        block_k = next(b for b in (32, 16, 8) if group_size % b == 0)
+        return Blocks(m, 512, block_k, 4, stages, split(512, block_k), gemv=True)
     block_k = next((b for b in (128, 64, 32, 16) if group_size % b == 0), 32)
     if dtype == "float32":  # IEEE products (no TF32) hold more registers: small tiles
         return Blocks(16, 32, min(block_k, 32), 4, min(stages, 2))
     if m <= 16:
         one_group = group_size % block_k == 0
+        if target.cuda_arch == 90 and one_group and block_k >= 64 and n >= 256:
+            return Blocks(16, 256, block_k, 4, 2, split(256, block_k, per_sm=12), transposed=True)
         return Blocks(16, 256, block_k, 4, stages, split(256, block_k) if one_group else 1, by_nibble=True)
     if m <= 64:
         block_n = next((b for b in (128, 64) if cdiv(n, b) >= 2 * target.num_sms), 32)
@@ -553,7 +557,7 @@ def plans(target: Target):
             for has_zeros in (False, True):
                 k, n = 4 * max(group_size, 128), 4096
                 yield forward(m, n, k, dtype=dtype, group_size=group_size, has_zeros=has_zeros, target=target)
-    transposed = Blocks(16, 128, 128, 4, 2, 8, transposed=True)  # a sweep candidate, not yet `blocks`' choice
+    transposed = Blocks(16, 128, 128, 4, 2, 8, transposed=True)  # 128-deep steps (`blocks` takes them on sm_90 only)
     for dtype in MAGIC_PAIRS:
         for has_zeros in (False, True):
             yield forward(16, 4096, 512, dtype=dtype, group_size=128, has_zeros=has_zeros, target=target,

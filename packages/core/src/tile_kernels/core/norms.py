@@ -52,6 +52,11 @@ from .rows import MAX_ROW_BLOCK, WIDTH_BUCKETS, programs_per_problem, row_block,
 
 BACKWARD_MAX_ROW_BLOCK = 8192  # in-register rows of the backward (h, dy, dh, weight and two accumulators live)
 ONE_PROGRAM_ROWS = 8  # rows a problem's in-register backward handles in one program (one launch, no partials)
+# Bytes of a row a thread of the in-register backward holds: 16-bit rows take half the forward's warps, float32 rows
+# as many (16 elements a thread spill there on sm_80). benchmarks/sweep_row_warps.py on an H100 (2026-12-05; 2^26 bf16
+# elements, rms_norm, % of copy with 16 / 8 elements a thread on the same grid): 1024 wide 78 / 72, 2048 84 / 80,
+# 4096 87 / 76; 8192 (16 warps either way) 84.
+BACKWARD_BYTES_PER_THREAD = 32
 SPLIT_BLOCK = 8192  # elements of a row segment, one program each, in the split forward and the split backward's dx
 BACKWARD_STATS_TILE = (1, 2048)  # rows x columns a step of the split backward's statistics program
 # Programs of the split backward's statistics launch per SM, keyed (is_rms, has_bias, fp32 input): all resident at
@@ -458,9 +463,9 @@ def backward(
         pass
     elif n <= BACKWARD_MAX_ROW_BLOCK:
         block = next_power_of_2(n)
-        warps = _warps(block, target)
-        # enough programs to fill every SM with 2048 threads (narrow rows: many one-warp programs), at most 32 per SM
-        programs = programs_per_problem(rows, target, waves=max(1, min(32, 2048 // (warps * target.warp_size))))
+        warps = row_block(block, target, per_thread=BACKWARD_BYTES_PER_THREAD // ITEMSIZE[x_dtype])[2]
+        # 1024 threads an SM (narrow rows: many one-warp programs), 4 to 32 programs an SM
+        programs = programs_per_problem(rows, target, waves=max(4, min(32, 1024 // (warps * target.warp_size))))
         if rows <= ONE_PROGRAM_ROWS:  # the one program writes the gradients themselves
             programs, partials = 1, grads
         else:
