@@ -358,32 +358,32 @@ class Blocks:
 
 
 def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) -> Blocks:
-    """One row (two on AMD): the FMA kernel, 512 columns on 4 warps (4 a thread), K split so that about six programs
-    an SM stream the weights; up to 16 rows on sm_90: the transposed tensor-core kernel (weights in registers), 256
-    columns, K split for about twelve programs an SM, where it applies (16-bit a, one group a step of 64 or more, N >=
-    256); elsewhere one 16-row tensor-core tile of 256 columns, a product per nibble, K split for six; up to 64: 64-row
-    tiles; prefill-sized M: 128 x 128 tiles (16 x 32 in float32) with W formed in a's dtype. BLOCK_K the largest of
-    128 .. 16 that divides the group (one scale row a step; 32 .. 8 for the FMA kernel). The fastest of
-    benchmarks/sweep_dequant_matmul.py on an H100 and an H200 (benchmarks/results/h200/notes.md). Wavefront-64 (AMD)
-    targets, 64 KiB of LDS: one software-pipelining stage."""
+    """One row (two on AMD, and on sm_90 where the transposed kernel does not apply): the FMA kernel, 512 columns on
+    4 warps (4 a thread), K split so that about six programs an SM stream the weights; up to 16 rows on sm_90: the
+    transposed tensor-core kernel (weights in registers), 256 columns, K split for about twelve programs an SM, where
+    it applies (transposed_fits, at 256 columns); elsewhere one 16-row tensor-core tile of 256 columns, a product per
+    nibble, K split for six; up to 64: 64-row tiles; prefill-sized M: 128 x 128 tiles (16 x 32 in float32) with W
+    formed in a's dtype. BLOCK_K the largest of 128 .. 16 that divides the group (one scale row a step; 32 .. 8 for
+    the FMA kernel). The fastest of benchmarks/sweep_dequant_matmul.py on an H100 and an H200
+    (benchmarks/results/h200/notes.md). Wavefront-64 (AMD) targets, 64 KiB of LDS: one software-pipelining stage."""
     stages = 1 if target.warp_size == 64 else 3
 
     def split(block_n, block_k, per_sm=6):  # about per_sm programs an SM, each as many steps (the last may take fewer)
         steps = cdiv(k, block_k)
         return cdiv(steps, max(1, steps // cdiv(per_sm * target.num_sms, cdiv(n, block_n))))
 
-    # two rows: the GEMV spills on sm_80-89 (ptxas of Triton 3.9: 3.3 KB a thread at 512 x 64); sm_90 has the
-    # transposed kernel
-    if (m == 1 or (m == 2 and target.cuda_arch == 0)) and group_size % 8 == 0:
-        block_k = next(b for b in (32, 16, 8) if group_size % b == 0)
-        return Blocks(m, 512, block_k, 4, stages, split(512, block_k), gemv=True)
     block_k = next((b for b in (128, 64, 32, 16) if group_size % b == 0), 32)
+    transposed = target.cuda_arch == 90 and 2 <= m <= 16 and transposed_fits(dtype, block_k, group_size, n, 256)
+    # two rows: the GEMV spills on sm_80-89 (ptxas of Triton 3.9: 3.3 KB a thread at 512 x 64)
+    if (m == 1 or (m == 2 and not transposed and not 0 < target.cuda_arch < 90)) and group_size % 8 == 0:
+        gemv_k = next(b for b in (32, 16, 8) if group_size % b == 0)
+        return Blocks(m, 512, gemv_k, 4, stages, split(512, gemv_k), gemv=True)
+    if transposed:
+        return Blocks(16, 256, block_k, 4, 2, split(256, block_k, per_sm=12), transposed=True)
     if dtype == "float32":  # IEEE products (no TF32) hold more registers: small tiles
         return Blocks(16, 32, min(block_k, 32), 4, min(stages, 2))
     if m <= 16:
         one_group = group_size % block_k == 0
-        if target.cuda_arch == 90 and one_group and block_k >= 64 and n >= 256:
-            return Blocks(16, 256, block_k, 4, 2, split(256, block_k, per_sm=12), transposed=True)
         return Blocks(16, 256, block_k, 4, stages, split(256, block_k) if one_group else 1, by_nibble=True)
     if m <= 64:
         block_n = next((b for b in (128, 64) if cdiv(n, b) >= 2 * target.num_sms), 32)
@@ -393,6 +393,11 @@ def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) 
 
 GEMV_ONES = (0x41800000, 0x3F800000)  # 16.0f, 1.0f: dequant_gemv_kernel's even_one, odd_one
 MAGIC_PAIRS = {"bfloat16": 0x43004300, "float16": 0x64006400}  # dequant_matmul_t_kernel's magic2: `magic` twice
+
+
+def transposed_fits(dtype: str, block_k: int, group_size: int, n: int, block_n: int) -> bool:
+    """Whether dequant_matmul_t_kernel takes these tiles: 16-bit a, steps of one group and >= 64 deep, N >= block_n."""
+    return dtype in MAGIC_PAIRS and block_k >= 64 and group_size % block_k == 0 and n >= block_n
 
 
 def magic(dtype: str) -> float:
@@ -423,7 +428,7 @@ def forward(m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: b
         constexprs = dict(BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_K=b.block_k, SPLIT_K=b.split_k,
                           HAS_ZEROS=has_zeros)  # fmt: skip
         if b.transposed:
-            if dtype not in MAGIC_PAIRS or b.block_k < 64 or not one_group or n < b.block_n:
+            if not transposed_fits(dtype, b.block_k, group_size, n, b.block_n):
                 raise ValueError(f"{NAME}: transposed tiles take 16-bit a, a block_k >= 64 that divides group_size "
                                  f"and N >= block_n, got {dtype}, block_k {b.block_k}, group_size {group_size}, "
                                  f"N {n}")  # fmt: skip
