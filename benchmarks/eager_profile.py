@@ -4,11 +4,13 @@ own launch path), a trivial Python autograd.Function against the native op, and 
 CUDA) of rms_norm's eager forward + backward at 16384x4096, written to --out as a Chrome trace.
 
     python benchmarks/eager_profile.py --out /tmp/profile       # on a GPU machine
+    python benchmarks/eager_profile.py --compiled                # the TVM-FFI (TileLang) path beside Triton's
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 
@@ -82,8 +84,6 @@ def autograd_rows(x, w, ct) -> None:
     """Where a forward + backward's host time goes beside the forward's: autograd's device thread (multithreading
     off runs the backward on the calling thread), a kernel forward or a kernel backward alone in a Python
     autograd.Function, and a cProfile of the steps on one thread."""
-    import cProfile
-    import pstats
 
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
     dh = torch.randn_like(x)
@@ -113,13 +113,21 @@ def autograd_rows(x, w, ct) -> None:
     sys.setswitchinterval(interval)
     del fwd
     with torch.autograd.set_multithreading_enabled(False):
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(500):
-            step()
-        torch.cuda.synchronize()
-        profiler.disable()
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        print_profile(step, 500, 30)
+
+
+def print_profile(fn, calls: int, top: int) -> None:
+    """A cProfile of `calls` calls of fn (then a device synchronization): the `top` functions by own time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
 def spin(us: float) -> None:
@@ -188,11 +196,65 @@ def launch_rows(x, ct) -> None:
         print(f"forward + {name:26s}: " + " | ".join(cells), flush=True)
 
 
+def host_us(fn, calls: int = 300) -> float:
+    """Host time of one call (no synchronization inside the timed calls), best of three rounds."""
+    for _ in range(20):
+        fn()
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - started) / calls * 1e6)
+    torch.cuda.synchronize()
+    return best
+
+
+def compiled_rows(dev) -> None:
+    """The TVM-FFI path (TileLang kernels) beside Triton's: flash_attention's wall and host time a call by backend, the
+    raw TVM-FFI forward call, and a cProfile of TileLang forward + backward steps."""
+    for shape in ((1, 128, 4, 2, 64), (4, 2048, 32, 8, 64)):
+        step = _compiled_shape(dev, *shape)
+    print_profile(step, 100, 25)
+
+
+def _compiled_shape(dev, b, s, hq, hk, d):
+    """compiled_rows' lines for one (batch, seq, query heads, key/value heads, head dim); returns the TileLang step."""
+    from tile_kernels.core import flash_attention as fa_core
+
+    q = torch.randn(b, s, hq, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, s, hk, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    dout = torch.randn_like(q)
+
+    def fwd(backend):
+        return tk.flash_attention(q, k, v, causal=True, backend=backend)
+
+    def step(backend):
+        return torch.autograd.grad(fwd(backend), [q, k, v], dout)
+
+    for backend in ("triton", "tilelang"):
+        calls = (("fwd", functools.partial(fwd, backend)), ("fwd+bwd", functools.partial(step, backend)))
+        cells = [f"{name} wall {wall_us(fn, 200):8.1f} host {host_us(fn, 100):8.1f}" for name, fn in calls]
+        print(f"flash_attention {(b, s, hq, hk, d)} {backend:8s}: " + " | ".join(cells) + " us", flush=True)
+    run = _runtime.executor(fa_core.compiled_forward, "tilelang", b, s, s, hq, hk, d, dtype="bfloat16", causal=True,
+                            window=(-1, -1), scale=None, softcap=0.0, arch=90)  # fmt: skip
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    out, lse = run(qd, kd, vd, device=dev)
+    call = run.steps[0]
+    args = (qd, kd, vd, out, lse, *call.attrs)
+    executor_run = functools.partial(run, qd, kd, vd, device=dev)
+    print(f"  executor run (tilelang fwd) wall {wall_us(executor_run, 200):8.1f} host {host_us(executor_run, 100):8.1f}"
+          f" us; raw TVM-FFI call host {host_us(lambda: call.function(*args), 100):8.1f} us", flush=True)  # fmt: skip
+    return functools.partial(step, "tilelang")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="directory for the profiler trace (eager_step_trace.json)")
     p.add_argument("--wake", action="store_true", help="only the device-thread wake-up rows")
     p.add_argument("--launch", action="store_true", help="only the rows of what a forward launches")
+    p.add_argument("--compiled", action="store_true", help="only the TVM-FFI (TileLang) rows")
     args = p.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(4, 256, device=dev, dtype=torch.bfloat16)
@@ -202,6 +264,8 @@ def main() -> None:
         return wake_rows(x, ct)
     if args.launch:
         return launch_rows(x, ct)
+    if args.compiled:
+        return compiled_rows(dev)
     run = _runtime.executor(
         norms.forward, 1, 4, 256, is_rms=True, x_dtype="bfloat16", weight_dtype="bfloat16", has_residual=False,
         has_bias=False, eps=1e-6, target=_runtime.target(dev), stride_x=256, stride_residual=None,

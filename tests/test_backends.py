@@ -599,7 +599,7 @@ def test_torch_flash_attention_tilelang_backward_matches_reference(
 def test_torch_flash_attention_tilelang_backward_configurations_match_reference(
     head_dim, config, batch, seqlen_q, seqlen_k, heads_q, heads_k, causal, window
 ):  # fmt: skip
-    """Each non-default backward configuration of BWD_CONFIGS (the sweep's candidates, the ASYNC ones included): dq,
+    """Each non-default backward configuration of BWD_CONFIGS (the sweep's candidates, the synchronous ones): dq,
     dk, dv against the float64 reference, bf16."""
     import torch
 

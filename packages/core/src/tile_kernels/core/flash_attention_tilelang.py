@@ -78,19 +78,20 @@ CONFIGS = {
 }
 
 
-# Backward (BLOCK_M queries per step, BLOCK_N keys per program, stages, threads) per family and bucket; the first is
-# the default (at head dim 64 on sm_90a, 128 query rows a step: 367 TFLOP/s forward + backward on the H200 against 324
-# with 64, 2026-12-03). sm_90a: two consumer warp groups of 64 key rows each (plus TileLang's producer); shared memory
-# at head dim 128: K, V 32 KiB each, 2 stages of Q, dO 16 KiB each, dS^T 16 KiB, the dQ tile 32 KiB (fp32) ~ 177 KiB.
+# Backward (BLOCK_M queries per step, BLOCK_N keys per program, stages, threads, ASYNC) per family and bucket; the first
+# is the default. sm_90a: two consumer warp groups of 64 key rows each (plus TileLang's producer); shared memory at head
+# dim 128: K, V 32 KiB each, 2 stages of Q, dO 16 KiB each, dS^T 16 KiB, the dQ tile 32 KiB (fp32) ~ 177 KiB.
+# ASYNC: S^T's and dP^T's wgmmas issued together and P^T's exponentials computed while dP^T's runs (kernels without
+# softcap; with it the synchronous order runs). On an H100 (causal, bf16, 2026-12-05) the ASYNC defaults took the
+# backward 13.58 -> 13.22 ms at head dim 128 (B 4, S 8192, 32 heads) and 8.16 -> 7.74 ms at 64; 0.778 -> 0.755 ms at
+# Llama-3.2-1B's B 4, S 2048, 32 / 8 heads, head dim 64 (benchmarks/sweep_flash_attention_tilelang_bwd.py).
 # sm_80 / gfx942: one row split for all five GEMMs (4 warps of 16 key rows: the layouts of S^T and of dS^T as an
 # operand agree), smaller tiles; lowered and built by the AOT matrix, not measured.
-# ASYNC (the fifth field): S^T's and dP^T's wgmmas issued together and P^T's exponentials computed while dP^T's runs
-# (kernels without softcap; with it the synchronous order runs). Not yet timed: the sweep's candidates.
 BWD_HEAD_DIMS = (64, 128)
 BWD_CONFIGS = {
-    "sm90": {64: [(128, 128, 2, 256, False), (64, 128, 2, 256, False), (64, 128, 3, 256, False),
-                  (128, 128, 2, 256, True)],
-             128: [(64, 128, 2, 256, False), (64, 128, 3, 256, False), (64, 128, 2, 256, True)]},
+    "sm90": {64: [(128, 128, 2, 256, True), (128, 128, 2, 256, False), (64, 128, 2, 256, False),
+                  (64, 128, 3, 256, False)],
+             128: [(64, 128, 2, 256, True), (64, 128, 2, 256, False), (64, 128, 3, 256, False)]},
     "sm80": {64: [(64, 64, 2, 128, False)], 128: [(32, 64, 2, 128, False)]},
     "hip": {64: [(32, 64, 1, 256, False)], 128: [(32, 64, 1, 256, False)]},
 }  # fmt: skip

@@ -19,7 +19,12 @@ def platform(device: torch.device) -> str:
 
 def cuda_arch(device: torch.device) -> int:
     """Compute capability as an int (90 for 9.0): the architecture the kernels are compiled for."""
-    major, minor = torch.cuda.get_device_capability(device)
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _capability(index: int) -> int:  # torch.cuda.get_device_capability costs microseconds a call: once a device
+    major, minor = torch.cuda.get_device_capability(index)
     return 10 * major + minor
 
 
