@@ -33,8 +33,8 @@ SHAPES = {
     "llama-8b-4layers": (4096, 14336, 4, 32, 8, 128256, 2, 4096),  # Llama-3-8B's layers, four of them
     "tiny": (64, 96, 2, 4, 2, 160, 2, 32),
 }
-# tile-kernels: flash_attention's default backend (TileLang on sm_90 at head dim 128); +triton-attn: its Triton
-# kernels; +sdpa: transformers' SDPA attention. liger last: it patches the modeling module.
+# tile-kernels: flash_attention's default backend (TileLang on sm_90 at head dims 64 and 128 in training);
+# +triton-attn: its Triton kernels; +sdpa: transformers' SDPA attention. liger last: it patches the modeling module.
 VARIANTS = ("stock", "tile-kernels", "tile-kernels+triton-attn", "tile-kernels+sdpa", "liger")
 ATTENTION = {"tile-kernels": True, "tile-kernels+triton-attn": "triton", "tile-kernels+sdpa": False}
 
@@ -183,7 +183,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "backward, zero_grad (no optimizer step). Wall time per step over back-to-back steps after 3 warm-up steps. "
         "stock = transformers with SDPA attention; tile-kernels = `tile_kernels.torch.apply_to(model)` (RMSNorm, "
         "SwiGLU, rotary, attention, fused linear cross-entropy; flash_attention's default backend: TileLang on sm_90 "
-        'at head dim 128, Triton elsewhere); tile-kernels+triton-attn = the same with `attention="triton"`; '
+        "at head dims 64 and 128 in training, Triton elsewhere); "
+        'tile-kernels+triton-attn = the same with `attention="triton"`; '
         "tile-kernels+sdpa = the same with `attention=False` (transformers' SDPA); "
         "liger = `apply_liger_kernel_to_llama(model=model)` (RMSNorm, SwiGLU, rotary, fused linear cross-entropy; "
         "SDPA attention).",

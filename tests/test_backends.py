@@ -293,14 +293,20 @@ def test_jax_jit_vmap_grad_with_a_compiled_backend(backend):
 # ---------------------------------------------------------------------- flash_attention's TileLang forward
 
 
-def test_flash_attention_defaults_to_tilelang_on_sm90_at_head_dim_128_where_it_can_run():
+def test_flash_attention_defaults_to_tilelang_on_sm90_where_it_measured_faster_and_can_run():
+    """TileLang on sm_90 at head dim 128, and at 64 when a backward follows (its forward alone is slower there)."""
     from tile_kernels.core import flash_attention as fa_core
 
     assert backends.backends_of("flash_attention") == ("triton", "tilelang")
-    assert fa_core.preferred_backend(90, "bfloat16", 128) == fa_core.preferred_backend(90, "float16", 128) == "tilelang"
-    others = [(90, "float32", 128), (90, "bfloat16", 64), (90, "bfloat16", 256), (80, "float16", 128)]
-    for arch, dtype, head_dim in others + [(0, "float16", 128)]:  # arch 0: not a CUDA device
-        assert fa_core.preferred_backend(arch, dtype, head_dim) == "triton", (arch, dtype, head_dim)
+    for backward in (False, True):
+        for dtype in ("bfloat16", "float16"):
+            assert fa_core.preferred_backend(90, dtype, 128, backward) == "tilelang"
+            assert fa_core.preferred_backend(90, dtype, 64, backward) == ("tilelang" if backward else "triton")
+        # arch 0: not a CUDA device
+        others = [(90, "float32", 128), (90, "float32", 64), (90, "bfloat16", 96), (90, "bfloat16", 256),
+                  (80, "float16", 128), (80, "float16", 64), (0, "float16", 128)]  # fmt: skip
+        for arch, dtype, head_dim in others:
+            assert fa_core.preferred_backend(arch, dtype, head_dim, backward) == "triton", (arch, dtype, head_dim)
     for platform in backends.PLATFORMS:
         assert backends.resolve("flash_attention", None, platform) == "triton"
         expected = "tilelang" if backends.unavailable("tilelang", platform) is None else "triton"  # else falls back

@@ -99,8 +99,8 @@ def flash_attention(
     """Attention of q (B, Sq, Hq, D) over k, v (B, Sk, Hk, D), Hq % Hk == 0; causal aligned bottom-right; window
     (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
     with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D). backend: "triton", "tilelang" (its forward; float16 /
-    bfloat16; its backward too on sm_90a for head dims up to 128), or None for the fastest measured for these inputs
-    on the device (core.preferred_backend)."""
+    bfloat16; its backward too on sm_90a for head dims up to 128), or None for the fastest measured forward for these
+    inputs on the device (core.preferred_backend; whether a gradient follows is not known here)."""
     core.check(q, k, v, causal, window, softmax_scale, softcap)
     backend = resolve_backend(core.NAME, backend, core.preferred_backend, dtype_name(q.dtype), q.shape[-1])
     causal, window, scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)

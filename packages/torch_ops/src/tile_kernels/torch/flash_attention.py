@@ -134,10 +134,12 @@ def flash_attention(
     (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
     with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D). backend: "triton", "tilelang" (its forward; float16 /
     bfloat16; its backward too on sm_90a for head dims up to 128), or None for the fastest measured for these inputs
-    on the device (core.preferred_backend)."""
+    on the device, forward alone or forward and backward (core.preferred_backend)."""
     _, device = validated(core.NAME, core.check, ("q", "k", "v", None, None, None, None), q, k, v, causal, window,
                           softmax_scale, softcap)  # fmt: skip
-    backend = resolve_backend(core.NAME, backend, device, core.preferred_backend, dtype_name(q.dtype), q.shape[-1])
+    backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    backend = resolve_backend(core.NAME, backend, device, core.preferred_backend, dtype_name(q.dtype), q.shape[-1],
+                              backward)  # fmt: skip
     causal, (left, right), scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)
     return flash_attention_fwd(q, k, v, causal, left, right, scale, softcap, backend)[0]
 
