@@ -61,11 +61,14 @@ NAME = "cross_entropy"
 REDUCTIONS = ("none", "sum", "mean")
 TARGET_DTYPES = ("int32", "int64")
 TILE = 4096  # elements of a forward tile: narrow rows are read several at a time
-# Warps of a forward tile: 64 of its elements a thread, at least 4 warps. benchmarks/sweep_row_warps.py on an H200
-# (2^26 bf16 logits, % of copy with these warps / the 16 of 8 elements a thread): 256 classes 33 / 25, 1024 37 / 29,
-# 2048 46 / 30, 4096 59 / 36, 8192 62 / 48, 16384 58 / 43. Fewer warps measured better at 1024-4096 classes (1, 1, 2
-# warps: 49, 56, 61%), not adopted: one run only.
+# Warps of a forward tile: 64 of its elements a thread, at least 4 warps; rows of 1024-4096 classes (FEW_WARPS_CLASSES)
+# 2 warps, on the grid of 4-warp programs. benchmarks/sweep_row_warps.py (2^26 bf16 logits, % of copy), 1024 / 2048 /
+# 4096 classes: 4 warps 51 / 63 / 68 on an H100 (2026-12-05), 37 / 46 / 59 on an H200 (2026-12-02); 2 warps 58 / 66 /
+# 71 on the H100. 1 warp at 1024 classes measured 62% (H100) and 49% (H200), but holds 128 elements a thread: the AOT
+# matrix's builds spill 16-168 B; 2 warps spill 8-64 B in 9 sm_90 builds, all with label smoothing. 256 classes (16
+# rows a tile) keep 4 (2 warps: 36 against 40%). Wavefront-64 targets: not measured, 4 warps.
 TILE_PER_THREAD, TILE_MIN_WARPS = 64, 4
+FEW_WARPS_CLASSES = (1024, 4096)
 REDUCE_BLOCK = 16384  # row losses a step of the loss reduction (one step at 16K rows)
 SEGMENT = 8192  # classes a program of the split forward of rows wider than MAX_ROW_BLOCK
 COMBINE_ROWS, COMBINE_SEGMENTS = 16, 32  # rows and segments a step of its combining launch
@@ -354,6 +357,8 @@ def _forward_grid(rows: int, n_classes: int, target: Target) -> tuple[int, bool,
         tile_rows = max(1, TILE // block)
         warps = max(TILE_MIN_WARPS, row_block(tile_rows * block, target, per_thread=TILE_PER_THREAD)[2])
         programs = programs_per_problem(cdiv(rows, tile_rows), target, waves=max(1, 2048 // (warps * target.warp_size)))
+        if FEW_WARPS_CLASSES[0] <= block <= FEW_WARPS_CLASSES[1] and target.warp_size == 32:
+            warps = 2
     return block, one_block, warps, tile_rows, programs
 
 
