@@ -25,18 +25,21 @@ from tile_kernels.torch.norms import _rms_bwd as rms_norm_backward_body
 from tile_kernels.torch.norms import _rms_fwd as rms_norm_body
 
 
-def wall_us(fn, calls: int = 1000) -> float:
-    """Best of three rounds of `calls` back-to-back calls, per call."""
+def wall_us(fn, calls: int = 1000, host_only: bool = False) -> float:
+    """Best of three rounds of `calls` back-to-back calls, per call; host_only: the time to issue them (the rounds do
+    not wait for the device inside the timed span)."""
     for _ in range(20):
         fn()
-    torch.cuda.synchronize()
     best = float("inf")
     for _ in range(3):
+        torch.cuda.synchronize()
         started = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        if not host_only:
+            torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - started) / calls * 1e6)
+    torch.cuda.synchronize()
     return best
 
 
@@ -196,21 +199,6 @@ def launch_rows(x, ct) -> None:
         print(f"forward + {name:26s}: " + " | ".join(cells), flush=True)
 
 
-def host_us(fn, calls: int = 300) -> float:
-    """Host time of one call (no synchronization inside the timed calls), best of three rounds."""
-    for _ in range(20):
-        fn()
-    best = float("inf")
-    for _ in range(3):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - started) / calls * 1e6)
-    torch.cuda.synchronize()
-    return best
-
-
 def compiled_rows(dev) -> None:
     """The TVM-FFI path (TileLang kernels) beside Triton's: flash_attention's wall and host time a call by backend, the
     raw TVM-FFI forward call, and a cProfile of TileLang forward + backward steps."""
@@ -222,10 +210,12 @@ def compiled_rows(dev) -> None:
 def _compiled_shape(dev, b, s, hq, hk, d):
     """compiled_rows' lines for one (batch, seq, query heads, key/value heads, head dim); returns the TileLang step."""
     from tile_kernels.core import flash_attention as fa_core
+    from tile_kernels.torch._calls import cuda_arch
 
     q = torch.randn(b, s, hq, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(b, s, hk, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     dout = torch.randn_like(q)
+    host = functools.partial(wall_us, calls=100, host_only=True)
 
     def fwd(backend):
         return tk.flash_attention(q, k, v, causal=True, backend=backend)
@@ -235,17 +225,17 @@ def _compiled_shape(dev, b, s, hq, hk, d):
 
     for backend in ("triton", "tilelang"):
         calls = (("fwd", functools.partial(fwd, backend)), ("fwd+bwd", functools.partial(step, backend)))
-        cells = [f"{name} wall {wall_us(fn, 200):8.1f} host {host_us(fn, 100):8.1f}" for name, fn in calls]
+        cells = [f"{name} wall {wall_us(fn, 200):8.1f} host {host(fn):8.1f}" for name, fn in calls]
         print(f"flash_attention {(b, s, hq, hk, d)} {backend:8s}: " + " | ".join(cells) + " us", flush=True)
     run = _runtime.executor(fa_core.compiled_forward, "tilelang", b, s, s, hq, hk, d, dtype="bfloat16", causal=True,
-                            window=(-1, -1), scale=None, softcap=0.0, arch=90)  # fmt: skip
+                            window=(-1, -1), scale=None, softcap=0.0, arch=cuda_arch(dev))  # fmt: skip
     qd, kd, vd = (t.detach() for t in (q, k, v))
     out, lse = run(qd, kd, vd, device=dev)
     call = run.steps[0]
     args = (qd, kd, vd, out, lse, *call.attrs)
     executor_run = functools.partial(run, qd, kd, vd, device=dev)
-    print(f"  executor run (tilelang fwd) wall {wall_us(executor_run, 200):8.1f} host {host_us(executor_run, 100):8.1f}"
-          f" us; raw TVM-FFI call host {host_us(lambda: call.function(*args), 100):8.1f} us", flush=True)  # fmt: skip
+    print(f"  executor run (tilelang fwd) wall {wall_us(executor_run, 200):8.1f} host {host(executor_run):8.1f} us; "
+          f"raw TVM-FFI call host {host(lambda: call.function(*args)):8.1f} us", flush=True)  # fmt: skip
     return functools.partial(step, "tilelang")
 
 
