@@ -1,6 +1,8 @@
 """flash_attention's TileLang backward, timed on this machine's GPU beside the Triton backward and cuDNN's SDPA.
 
-For each head dim and causal / not (bf16, B 4, S 8192, 32 heads by default): forward + backward as
+For each head dim and causal / not (bf16, B 4, S 8192, 32 heads by default): the TileLang forward in each
+configuration of CONFIGS (c0 = default; OVERLAP ones: flash_fwd_overlap), with its output's max |difference| to the
+Triton forward's; then forward + backward as
     triton                 the Triton forward and backward (backend="triton")
     tilelang-fwd+triton    the TileLang forward, the Triton backward (backend="tilelang" before the TileLang backward)
     tilelang c<i>          the TileLang forward and backward, backward configuration i of BWD_CONFIGS (c0 = default)
@@ -52,7 +54,7 @@ def all_kernels(dtypes) -> list[tuple[str, str]]:
     """Every TileLang kernel of flash_attention (forward and backward) plus the alternative backward configs."""
     from tile_kernels.core import flash_attention_tilelang as tl_fa
 
-    return [(k, d) for k, d, _ in tl_fa.variants(dtypes) + tl_fa.backward_variants(dtypes, configs=True)]
+    return [(k, d) for k, d, _ in tl_fa.variants(dtypes) + tl_fa.sm90_variants(dtypes, alternatives=True)]
 
 
 def main(args) -> None:
@@ -79,7 +81,8 @@ def main(args) -> None:
         f"python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}")  # fmt: skip
     kernels = all_kernels(["bfloat16", "float16"]) if args.prebuild_all else [
         (k, dtype) for d in head_dims for k in
-        [tl_fa.kernel_name(d, False), tl_fa.kernel_name(d, False, "bwd_pre"), tl_fa.kernel_name(d, False, "bwd_post")]
+        [tl_fa.kernel_name(d, False, "bwd_pre"), tl_fa.kernel_name(d, False, "bwd_post")]
+        + [tl_fa.kernel_name(d, False, "fwd", i) for i in range(len(tl_fa.CONFIGS["sm90"][d]))]
         + [tl_fa.kernel_name(d, False, "bwd", i) for i in range(len(tl_fa.BWD_CONFIGS["sm90"][d]))]
     ]  # fmt: skip
     prebuild(kernels, arch, args.jobs, log)
@@ -126,7 +129,7 @@ def case(q, k, v, dout, causal, arch, bench, log, records) -> None:
         if ms is None:
             log(f"hd={dim} causal={causal} {what}: FAILED {error}")
             return
-        d = "" if diffs is None else " max|diff| vs triton bwd: " + " ".join(f"{n} {x:.3g}" for n, x in diffs.items())
+        d = "" if diffs is None else " max|diff| vs triton: " + " ".join(f"{n} {x:.3g}" for n, x in diffs.items())
         log(f"hd={dim} causal={causal} {what}: {ms:.3f} ms {rec['tflops']:.0f} TFLOP/s{d}")
 
     tri_fwd = Executor(core.forward(*sizes, **opts, target=target(device)))
@@ -146,7 +149,13 @@ def case(q, k, v, dout, causal, arch, bench, log, records) -> None:
     report("triton fwd", bench(lambda: tri_fwd(q, k, v, device=device)), 1)
     report("triton bwd", bench(lambda: tri_bwd(q, k, v, out, dout, lse, device=device)), 2.5)
     report("triton fwd+bwd", bench(triton_step), 3.5)
-    report("tilelang fwd", bench(lambda: tl_fwd(q, k, v, device=device)), 1)
+    for i, cfg in enumerate(tl_fa.CONFIGS["sm90"][tl_fa.bucket(dim)]):
+        try:
+            fwd = tl_fwd if i == 0 else Executor(core.compiled_forward("tilelang", *sizes, **opts, arch=arch, config=i))
+            diffs = {"out": (fwd(q, k, v, device=device)[0].float() - out.float()).abs().max().item()}
+            report(f"tilelang fwd c{i} {cfg}", bench(lambda fwd=fwd: fwd(q, k, v, device=device)), 1, diffs)
+        except Exception as e:  # noqa: BLE001 - a configuration that fails is reported, not fatal
+            report(f"tilelang fwd c{i} {cfg}", None, 1, error=f"{type(e).__name__}: {str(e)[:300]}")
     report("tilelang-fwd+triton-bwd", bench(tl_fwd_triton_bwd), 3.5)
     for i, cfg in enumerate(tl_fa.BWD_CONFIGS["sm90"][tl_fa.bucket(dim)]):
         what = f"tilelang bwd c{i} {cfg}"

@@ -239,7 +239,7 @@ def test_a_broken_tilelang_kernel_fails_naming_kernel_config_and_target():
 def test_tilelang_flash_attention_joins_the_matrix_in_half_precision():
     """Its TileLang forward: 3 head-dim buckets x (padded or not) x softcap, plus the no-keys kernel, in float16 and
     bfloat16 (no float32 kernel: the backend refuses float32), for each TileLang target. (Its backward, sm_90a only,
-    is not in the matrix of every target: backward_variants.)"""
+    is not in the matrix of every target: sm90_variants.)"""
     for name in aot.TARGETS:
         cfgs = [c for c in aot.configs(aot.TARGETS[name], ["flash_attention"]) if isinstance(c, aot.TileLangConfig)]
         assert len(cfgs) == (26 if name in aot.TILELANG_TARGETS else 0), name
@@ -278,6 +278,25 @@ def test_tilelang_flash_attention_builds_with_hopper_paths_only_on_sm90a(target)
     lower = backends.module("flash_attention", "tilelang").lower
     source = lower("flash_fwd_d64_pad_softcap", "float16", "float16", aot.TILELANG_TARGETS[target][0]).kernel_source
     assert "tl::tma_load(" not in source and "tanh" not in source  # no TMA; the softcap's tanh from exp2
+
+
+@needs_tilelang
+def test_tilelang_flash_attention_overlap_schedule_issues_both_gemms_before_waiting():
+    """flash_fwd_overlap (CONFIGS' OVERLAP configurations), built for sm_90a (lowered where nvcc is missing): in the
+    steady-state loop S(t)'s and P(t-1) V(t-1)'s wgmmas are issued, then the wait for all but the last group, K(t)'s
+    release after it, V(t-1)'s after the full wait; the producer / consumer register split; the output tile is q's."""
+    cfg = aot.TileLangConfig("flash_attention", "flash_fwd_d128_c1", "bfloat16", "bfloat16")
+    if _built("cuda:90") and backends.find_cuda_home() is not None:
+        source = aot.compile_config(cfg, aot.TARGETS["cuda:90"]).get_kernel_source()
+    else:
+        lower = backends.module("flash_attention", "tilelang").lower
+        source = lower(cfg.kernel_name, "bfloat16", "bfloat16", aot.TILELANG_TARGETS["cuda:90"][0]).kernel_source
+    loop = source[source.index("for (int t = 1;") :]
+    steps = ("wgmma_ss<", "wgmma_rs<", "wait_wgmma<1>", "k_empty[", "wait_wgmma<0>", "v_empty[")
+    order = [loop.index(w) for w in steps]
+    assert order == sorted(order), order
+    assert "warpgroup_reg_alloc<240>" in source and "warpgroup_reg_dealloc<24>" in source
+    assert "o_tile" not in source and "tl::tma_store(OUT_desc, (&(((bfloat16_t*)q_tile)" in source
 
 
 @needs_tilelang

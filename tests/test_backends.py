@@ -16,7 +16,7 @@ from test_ops import assert_close
 
 from tile_kernels.core import backends
 from tile_kernels.core import rms_norm as rms_core
-from tile_kernels.core.flash_attention_tilelang import BWD_CONFIGS
+from tile_kernels.core.flash_attention_tilelang import BWD_CONFIGS, CONFIGS
 
 COMPILED = ("tilelang", "cuda")
 gpu_only = pytest.mark.skipif(DEVICE != "gpu", reason="runs the compiled kernels")
@@ -510,7 +510,7 @@ def test_flash_attention_tilelang_backward_plan_matches_the_triton_backward():
             assert (post.reads, post.writes, post.attrs) == (("dq_acc",), ("dq",), {"scale": main.attrs["scale"]})
     assert fa_tl.backward_unsupported("bfloat16", 128) is None
     assert "sm_90a only, got sm_80" in fa_tl.backward_unsupported("bfloat16", 128, 80)
-    assert len(fa_tl.backward_variants(["float16", "bfloat16", "float32"])) == 2 * 12
+    assert len(fa_tl.sm90_variants(["float16", "bfloat16", "float32"])) == 2 * 12
     assert fa_core.compiled_backward_unsupported("triton", "float32", 256) is None
     assert "head dims up to 128, got 200" in fa_tl.backward_unsupported("bfloat16", 200)
     assert fa_core.compiled_backward_unsupported("tilelang", "bfloat16", 128) is None  # autograd takes it
@@ -628,6 +628,46 @@ def test_torch_flash_attention_tilelang_backward_configurations_match_reference(
     for name, grad in zip("qkv", got):
         assert not torch.isnan(grad).any(), name
         assert_close(f"d{name}", grad.double().cpu().numpy(), ref[name], "bfloat16")
+
+
+@gpu_only
+@pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
+@pytest.mark.parametrize("head_dim, config", [(d, i) for d, cs in CONFIGS["sm90"].items() for i in range(1, len(cs))])
+@pytest.mark.parametrize(
+    "batch, seqlen_q, seqlen_k, heads_q, heads_k, causal, window, softcap",
+    [
+        (2, 1000, 1000, 8, 2, False, (-1, -1), 0.0),  # several key blocks, a ragged last one, GQA 4
+        (1, 777, 1500, 4, 4, True, (-1, -1), 0.0),  # bottom-right causal, Sq < Sk
+        (1, 513, 513, 2, 1, False, (99, 20), 0.0),  # a band narrower than a block (rows that see no key), MQA
+        (3, 1, 100, 2, 2, False, (-1, -1), 30.0),  # one query, one key block: the schedule's prologue and epilogue
+        (1, 300, 300, 2, 1, True, (-1, -1), 30.0),  # softcap
+    ],
+)
+def test_torch_flash_attention_tilelang_forward_configurations_match_reference(
+    head_dim, config, batch, seqlen_q, seqlen_k, heads_q, heads_k, causal, window, softcap
+):  # fmt: skip
+    """Each non-default forward configuration of CONFIGS (the sweep's candidates, flash_fwd_overlap's among them): out
+    against the float64 reference, lse against the Triton forward's, bf16; head dim 96 pads (the default kernel)."""
+    import torch
+
+    from tile_kernels.core import flash_attention as fa_core
+    from tile_kernels.torch._runtime import Executor
+
+    for dim in (head_dim, 96) if head_dim == 128 else (head_dim,):
+        gen = torch.Generator(device="cuda").manual_seed(seqlen_q + 7 * config + dim)
+        q, k, v = (torch.randn(batch, s, h, dim, device="cuda", generator=gen).to(torch.bfloat16)
+                   for s, h in ((seqlen_q, heads_q), (seqlen_k, heads_k), (seqlen_k, heads_k)))  # fmt: skip
+        plan = fa_core.compiled_forward("tilelang", batch, seqlen_q, seqlen_k, heads_q, heads_k, dim,
+                                        dtype="bfloat16", causal=causal, window=window, scale=None, softcap=softcap,
+                                        arch=90, config=config)  # fmt: skip
+        out, lse = Executor(plan)(q, k, v, device=q.device)
+        want_lse = torch.ops.tile_kernels.flash_attention_fwd(q, k, v, causal, *window, dim**-0.5, softcap, "triton")[1]
+        assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)) and not torch.isnan(lse).any()
+        torch.testing.assert_close(lse[~torch.isinf(lse)], want_lse[~torch.isinf(want_lse)], rtol=0, atol=2e-3)
+        kwargs = dict(q=q.float().cpu().numpy(), k=k.float().cpu().numpy(), v=v.float().cpu().numpy(), causal=causal,
+                      window=window, softmax_scale=None, softcap=softcap)  # fmt: skip
+        assert not torch.isnan(out).any()
+        assert_close("out", out.double().cpu().numpy(), fa_core.reference(**kwargs)[0], "bfloat16")
 
 
 @gpu_only

@@ -805,9 +805,11 @@ def options(q, causal, window, softmax_scale, softcap, backend: str) -> tuple[bo
 def compiled_forward(
     backend: str, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int, *,
     dtype: str, causal: bool, window: tuple[int, int], scale: float | None, softcap: float, arch: int,
+    config: int = 0,
 ) -> Plan:  # fmt: skip
     """The forward of the TileLang backend for compute capability `arch` (e.g. 90): inputs q, k, v compact
-    (B, S, H, D); outputs out and lse exactly as `forward` (the Triton backward reads them)."""
+    (B, S, H, D); outputs out and lse exactly as `forward` (the Triton backward reads them). `config`: an index into
+    the module's CONFIGS (0 = the default)."""
     check_backend(backend, dtype, head_dim)
     module = backends.module(NAME, backend)
     empty, buffers = _forward_buffers(batch, seqlen_q, heads_q, head_dim, dtype)
@@ -815,7 +817,7 @@ def compiled_forward(
     if not empty:
         left, right = _window(causal, window, seqlen_q, seqlen_k)
         scale = default_scale(head_dim) if scale is None else float(scale)
-        kernel = module.kernel_name(head_dim, softcap > 0)
+        kernel = module.kernel_name(head_dim, softcap > 0, "fwd", config)
         reads, attrs = ("q", "k", "v"), dict(scale=scale, softcap=float(softcap) or 1.0, left=left, right=right)
         if seqlen_k == 0:  # no key at all: out 0, lse +inf (a tensor map cannot describe an empty k)
             kernel, reads, attrs = module.NO_KEYS_KERNEL, (), {}

@@ -28,9 +28,13 @@ Performance (H200, 2026-11-29, bf16 4x8192x32x128): 535 TFLOP/s forward (77% of 
 490), against the Triton forward's 488 and cuDNN's 590. What TileLang 0.1.15 generates for sm_90a (the .cu that
 `tile-kernels aot --target cuda:90 --op flash_attention --out DIR` writes): a TMA producer warp group (registers
 released to 24) and two wgmma consumer groups (240 each), K and V in 2 stages, and a `warpgroup_wait<0>` after each
-GEMM: a group's softmax never overlaps its own GEMMs, only the other group's. Overlapping a block's softmax with the
-next block's QK^T inside a group (T.Pipelined's order / stage / group, or T.wgmma_gemm / T.wait_wgmma), 3 stages and a
-wider BLOCK_N at head dim 128 are the next steps.
+GEMM: a group's softmax never overlaps its own GEMMs, only the other group's.
+The OVERLAP configurations (CONFIGS) run flash_fwd_overlap instead, FA3's intra-warpgroup order written as an explicit
+warp-specialization schedule (T.WSSchedule: roles, full / empty barrier pipelines for q, k, v, per-role op order with
+software-pipeline stages): at step t each consumer group issues S(t) = Q K(t)^T and O += P(t-1) V(t-1) without
+waiting, waits for the first (wgmma groups complete in order), releases K(t) to the producer, computes P(t) while the
+second runs, then waits, releases V(t-1) and rescales O. V's ops sit one stage behind K's, so the schedule unrolls a
+prologue (S(0), P(0)) and an epilogue (the last P V); the output tile reuses q's shared memory.
 
 Backward (sm_90a, head dims up to 128; elsewhere backend="tilelang" keeps the Triton backward:
 backward_unsupported), FlashAttention-2/3 style, three kernels:
@@ -68,14 +72,20 @@ HEAD_DIMS = (64, 128, 256)  # the buckets; smaller head dims pad up to the next 
 # in the exponent): the softcap's tanh is written with exp2 instead.
 FAST_MATH = {"tl.enable_fast_math": True}
 
-# (BLOCK_M, BLOCK_N, stages, threads) per architecture family and head-dim bucket. sm_90a: 128 x 128 tiles, two
-# consumer warp groups (TileLang adds the producer); the 256 bucket halves BLOCK_N to fit 227 KiB of shared memory
-# (q 64 KiB + 2 stages of k, v 32 KiB each + the output tile). sm_80 (163 KiB) / gfx942 (64 KiB LDS): smaller.
+# Forward (BLOCK_M, BLOCK_N, stages, threads, OVERLAP) per architecture family and head-dim bucket; the first is the
+# default, the others selected by a "_c<i>" suffix of the kernel name (the sweep's candidates). sm_90a: 128 x 128
+# tiles, two consumer warp groups (TileLang adds the producer); the 256 bucket halves BLOCK_N to fit 227 KiB of shared
+# memory (q 64 KiB + 2 stages of k, v 32 KiB each; the output tile reuses q's). sm_80 (163 KiB) / gfx942 (64 KiB LDS):
+# smaller. OVERLAP (sm_90a, head dims that fill their bucket; others take the default kernel): FA3's intra-warpgroup
+# order under an explicit warp-specialization schedule (flash_fwd_overlap), 3 stages where they fit (q + 3 x (k + v)
+# = 224 KiB at head dim 128). Built for sm_90a without spills, not yet timed.
 CONFIGS = {
-    "sm90": {64: (128, 128, 2, 256), 128: (128, 128, 2, 256), 256: (128, 64, 2, 256)},
-    "sm80": {64: (128, 64, 2, 128), 128: (128, 64, 2, 256), 256: (64, 32, 2, 128)},
-    "hip": {64: (64, 64, 1, 256), 128: (64, 32, 1, 256), 256: (32, 32, 1, 128)},
-}
+    "sm90": {64: [(128, 128, 2, 256, False), (128, 128, 2, 256, True), (128, 128, 3, 256, True)],
+             128: [(128, 128, 2, 256, False), (128, 128, 2, 256, True), (128, 128, 3, 256, True)],
+             256: [(128, 64, 2, 256, False), (128, 64, 2, 256, True)]},
+    "sm80": {64: [(128, 64, 2, 128, False)], 128: [(128, 64, 2, 256, False)], 256: [(64, 32, 2, 128, False)]},
+    "hip": {64: [(64, 64, 1, 256, False)], 128: [(64, 32, 1, 256, False)], 256: [(32, 32, 1, 128, False)]},
+}  # fmt: skip
 
 
 # Backward (BLOCK_M queries per step, BLOCK_N keys per program, stages, threads, ASYNC) per family and bucket; the first
@@ -191,13 +201,55 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
         return (_bwd_pre if kernel.startswith("flash_bwd_pre_") else _bwd_post)(_parse(kernel)[0], dtype)
     if kernel.startswith("flash_bwd_"):
         return _bwd(kernel, dtype, tilelang_target)
-    d_pad, even, has_softcap, _ = _parse(kernel)
-    block_m, block_n, stages, threads = CONFIGS[_family(tilelang_target)][d_pad]
+    d_pad, even, has_softcap, config = _parse(kernel)
+    family = _family(tilelang_target)
+    block_m, block_n, stages, threads, overlap = CONFIGS[family][d_pad][config]
+    overlap = overlap and even and family == "sm90"  # TMA-fed tiles only (the schedule's pipelines are TMA loads)
     f32 = "float32"
     B, SQ, SK, HQ, HK = T.dynamic("B SQ SK HQ HK")
     D = d_pad if even else T.dynamic("D")
     # padded head dims: no TMA (a row stride of H * D elements need not be a multiple of 16 bytes)
     hints = None if even else {"disable_tma": True}
+
+    @T.macro
+    def probabilities(s, m, m_prev, row_sum, l, n0, m0, scale, softcap, left, right):  # noqa: E741
+        """A key block's scores s = q.k^T (keys n0...) -> p = exp2(s' - m) in s, s' the scaled (soft-capped,
+        masked) scores in base 2; the running max m, the running sum l, and m_prev = exp2(m_old - m), the factor
+        that rescales the accumulator."""
+        shift = SK - SQ  # bottom-right alignment: query i sees keys [i + shift - left, i + shift + right]
+        for i, j in T.Parallel(block_m, block_n):
+            if has_softcap:
+                # softcap * tanh(x) = softcap - 2 softcap / (exp(2x) + 1): saturates to +-softcap
+                t = T.exp2(s[i, j] * (scale / softcap * 2 * LOG2E))
+                s[i, j] = (softcap * LOG2E) - (2 * softcap * LOG2E) / (t + 1)
+            else:
+                s[i, j] = s[i, j] * (scale * LOG2E)
+        # keys in [full_lo, full_hi) are seen by every row of the query block: a key block inside needs no mask
+        if n0 < m0 + block_m - 1 + shift - left or n0 + block_n > T.min(m0 + shift + right + 1, SK):
+            for i, j in T.Parallel(block_m, block_n):
+                diag = m0 + i + shift
+                key = n0 + j
+                seen = (key < SK) & (key >= diag - left) & (key <= diag + right)
+                s[i, j] = T.if_then_else(seen, s[i, j], -T.infinity(f32))
+        T.copy(m, m_prev)
+        T.reduce_max(s, m, dim=1, clear=False)  # m = max(m_prev, rowmax(s))
+        for i, j in T.Parallel(block_m, block_n):
+            s[i, j] = T.exp2(s[i, j] - m[i])
+        T.reduce_sum(s, row_sum, dim=1)
+        for i in T.Parallel(block_m):
+            m_prev[i] = T.exp2(m_prev[i] - m[i])  # the rescale factor of the running sums
+            l[i] = l[i] * m_prev[i] + row_sum[i]
+
+    @T.macro
+    def finish(acc, l, m, o_tile, OUT, LSE, b, h, m0):  # noqa: E741, N803
+        """out = acc / l (0 where l = 0), lse = m + log2(l) (+inf where l = 0)."""
+        for i, j in T.Parallel(block_m, d_pad):
+            acc[i, j] = acc[i, j] / T.if_then_else(l[i] == 0, T.float32(1), l[i])
+        T.copy(acc, o_tile)
+        T.copy(o_tile, OUT[b, m0 : m0 + block_m, h, 0:d_pad], annotations=hints)
+        for i in T.Parallel(block_m):
+            if m0 + i < SQ:
+                LSE[b, h, m0 + i] = T.if_then_else(l[i] == 0, T.infinity(f32), m[i] + T.log2(l[i]))
 
     @T.prim_func
     def flash_fwd(
@@ -212,11 +264,9 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
         right: T.int32,
     ):
         with T.Kernel(T.ceildiv(SQ, block_m), HQ, B, threads=threads) as (bx, h, b):
-            mb = T.ceildiv(SQ, block_m) - 1 - bx  # the last query blocks (the longest causal bands) start first
             q_tile = T.alloc_shared((block_m, d_pad), dtype)
             k_tile = T.alloc_shared((block_n, d_pad), dtype)
             v_tile = T.alloc_shared((block_n, d_pad), dtype)
-            o_tile = T.alloc_shared((block_m, d_pad), dtype)
             s = T.alloc_fragment((block_m, block_n), f32)
             p = T.alloc_fragment((block_m, block_n), dtype)
             acc = T.alloc_fragment((block_m, d_pad), f32)
@@ -224,60 +274,94 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
             m_prev = T.alloc_fragment((block_m,), f32)
             row_sum = T.alloc_fragment((block_m,), f32)
             l = T.alloc_fragment((block_m,), f32)  # noqa: E741 - the softmax denominator's usual name
+            if overlap:
+                consumer, producer = threads // 32, threads // 32 + 4  # warps: the consumers, then the TMA warp group
+                T.annotate_ws_schedule(T.WSSchedule(
+                    num_warps=producer,
+                    roles=[T.WSRole("MMA", warps_lo=0, warps_hi=consumer, max_nreg=240),
+                           T.WSRole("TMA", warps_lo=consumer, warps_hi=consumer + 1, max_nreg=24)],
+                    pipelines=[T.WSPipeline("q", [q_tile], depth=1), T.WSPipeline("k", [k_tile], depth=stages),
+                               T.WSPipeline("v", [v_tile], depth=stages)],
+                    scopes=[
+                        # step t: S(t) = Q K(t)^T and O += P(t-1) V(t-1) issued together (V's stage 1: a step behind);
+                        # P(t) computed while the second runs, then O rescaled by P(t)'s max
+                        T.WSScope("loop", {
+                            "TMA": [T.WSSync.producer_acquire("k", stage=0), "load_k",
+                                    T.WSSync.producer_commit("k", stage=0), T.WSSync.producer_acquire("v", stage=0),
+                                    "load_v", T.WSSync.producer_commit("v", stage=0)],
+                            "MMA": [T.WSSync.consumer_wait("k", stage=0), "qk", T.WSSync.consumer_wait("v", stage=1),
+                                    "pv", "wait_qk", T.WSSync.consumer_release("k", stage=0), "probabilities",
+                                    "wait_pv", T.WSSync.consumer_release("v", stage=1), "rescale"],
+                        }),
+                        T.WSScope(T.WSScope.ROOT, {
+                            "TMA": ["bounds", T.WSSync.producer_acquire("q", stage=0), "load_q",
+                                    T.WSSync.producer_commit("q", stage=0), "loop"],
+                            "MMA": ["bounds", "init", T.WSSync.consumer_wait("q", stage=0), "loop", "wait_last",
+                                    "finish", T.WSSync.consumer_release("q", stage=0)],
+                        }),
+                    ],
+                ))  # fmt: skip
+                with T.ws_op("bounds"):
+                    m0 = (T.ceildiv(SQ, block_m) - 1 - bx) * block_m  # the last query blocks first, as above
+                    hk = h // (HQ // HK)
+                    first = T.max(m0 + SK - SQ - left, 0) // block_n
+                    blocks = T.max(T.ceildiv(T.min(m0 + block_m + SK - SQ + right, SK), block_n), first + 1) - first
+                T.copy(Q[b, m0 : m0 + block_m, h, 0:d_pad], q_tile, annotations={T.WSID: "load_q"})
+                with T.ws_op("init"):
+                    T.fill(acc, 0)
+                    T.fill(l, 0)
+                    T.fill(m, -1e30)
+                    T.fill(p, 0)
+                for t in T.Pipelined(blocks, num_stages=stages, annotations={T.WSID: "loop"}):
+                    T.copy(K[b, (first + t) * block_n : (first + t + 1) * block_n, hk, 0:d_pad], k_tile,
+                           annotations={T.WSID: "load_k"})  # fmt: skip
+                    T.copy(V[b, (first + t) * block_n : (first + t + 1) * block_n, hk, 0:d_pad], v_tile,
+                           annotations={T.WSID: "load_v"})  # fmt: skip
+                    T.gemm(q_tile, k_tile, s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True,
+                           annotations={T.WSID: "qk", "wg_wait": -1})  # fmt: skip
+                    T.gemm(p, v_tile, acc, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: "pv", "wg_wait": -1})
+                    with T.ws_op("wait_qk"):  # S(t) done; P(t-1) V(t-1) may still run (none at step 0)
+                        if t == 0:
+                            T.wait_wgmma(0)
+                        else:
+                            T.wait_wgmma(1)
+                    with T.ws_op("probabilities"):
+                        probabilities(s, m, m_prev, row_sum, l, (first + t) * block_n, m0, scale, softcap, left, right)
+                    with T.ws_op("wait_pv"):
+                        T.wait_wgmma(0)
+                    with T.ws_op("rescale"):
+                        for i, j in T.Parallel(block_m, d_pad):
+                            acc[i, j] *= m_prev[i]
+                        T.copy(s, p)
+                with T.ws_op("wait_last"):  # the last block's P V, issued after the loop
+                    T.wait_wgmma(0)
+                with T.ws_op("finish"):
+                    finish(acc, l, m, q_tile, OUT, LSE, b, h, m0)
+            else:
+                o_tile = T.alloc_shared((block_m, d_pad), dtype)
+                mb = T.ceildiv(SQ, block_m) - 1 - bx  # the last query blocks (the longest causal bands) start first
+                hk = h // (HQ // HK)
+                m0 = mb * block_m
+                # key blocks [first, last) hold every key a row of this block sees; at least one (the loop's first
+                # iteration waits for the query tile; a block that sees no key then masks all of one block, l = 0)
+                first = T.max(m0 + SK - SQ - left, 0) // block_n
+                last = T.max(T.ceildiv(T.min(m0 + block_m + SK - SQ + right, SK), block_n), first + 1)
 
-            hk = h // (HQ // HK)
-            m0 = mb * block_m
-            shift = SK - SQ  # bottom-right alignment: query i sees keys [i + shift - left, i + shift + right]
-            # key blocks [first, last) hold every key a row of this block sees; keys in [full_lo, full_hi) are seen
-            # by every row, so a block inside that range needs no mask
-            first = T.max(m0 + shift - left, 0) // block_n
-            # at least one block: the loop's first iteration waits for the query tile (a block that sees no key
-            # then masks all of one block and keeps l = 0)
-            last = T.max(T.ceildiv(T.min(m0 + block_m + shift + right, SK), block_n), first + 1)
-            full_lo = m0 + block_m - 1 + shift - left
-            full_hi = T.min(m0 + shift + right + 1, SK)
-
-            T.copy(Q[b, m0 : m0 + block_m, h, 0:d_pad], q_tile, annotations=hints)
-            T.fill(acc, 0)
-            T.fill(l, 0)
-            T.fill(m, -1e30)
-            for kb in T.Pipelined(first, last, num_stages=stages):
-                n0 = kb * block_n
-                T.copy(K[b, n0 : n0 + block_n, hk, 0:d_pad], k_tile, annotations=hints)
-                T.gemm(q_tile, k_tile, s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-                for i, j in T.Parallel(block_m, block_n):
-                    if has_softcap:
-                        # softcap * tanh(x) = softcap - 2 softcap / (exp(2x) + 1): saturates to +-softcap
-                        t = T.exp2(s[i, j] * (scale / softcap * 2 * LOG2E))
-                        s[i, j] = (softcap * LOG2E) - (2 * softcap * LOG2E) / (t + 1)
-                    else:
-                        s[i, j] = s[i, j] * (scale * LOG2E)
-                if n0 < full_lo or n0 + block_n > full_hi:
-                    for i, j in T.Parallel(block_m, block_n):
-                        diag = m0 + i + shift
-                        key = n0 + j
-                        seen = (key < SK) & (key >= diag - left) & (key <= diag + right)
-                        s[i, j] = T.if_then_else(seen, s[i, j], -T.infinity(f32))
-                T.copy(m, m_prev)
-                T.reduce_max(s, m, dim=1, clear=False)  # m = max(m_prev, rowmax(s))
-                for i, j in T.Parallel(block_m, block_n):
-                    s[i, j] = T.exp2(s[i, j] - m[i])
-                T.reduce_sum(s, row_sum, dim=1)
-                for i in T.Parallel(block_m):
-                    m_prev[i] = T.exp2(m_prev[i] - m[i])  # the rescale factor of the running sums
-                    l[i] = l[i] * m_prev[i] + row_sum[i]
-                for i, j in T.Parallel(block_m, d_pad):
-                    acc[i, j] *= m_prev[i]
-                T.copy(s, p)
-                T.copy(V[b, n0 : n0 + block_n, hk, 0:d_pad], v_tile, annotations=hints)
-                T.gemm(p, v_tile, acc, policy=T.GemmWarpPolicy.FullRow)
-            for i, j in T.Parallel(block_m, d_pad):
-                acc[i, j] = acc[i, j] / T.if_then_else(l[i] == 0, T.float32(1), l[i])
-            T.copy(acc, o_tile)
-            T.copy(o_tile, OUT[b, m0 : m0 + block_m, h, 0:d_pad], annotations=hints)
-            for i in T.Parallel(block_m):
-                if m0 + i < SQ:
-                    LSE[b, h, m0 + i] = T.if_then_else(l[i] == 0, T.infinity(f32), m[i] + T.log2(l[i]))
+                T.copy(Q[b, m0 : m0 + block_m, h, 0:d_pad], q_tile, annotations=hints)
+                T.fill(acc, 0)
+                T.fill(l, 0)
+                T.fill(m, -1e30)
+                for kb in T.Pipelined(first, last, num_stages=stages):
+                    n0 = kb * block_n
+                    T.copy(K[b, n0 : n0 + block_n, hk, 0:d_pad], k_tile, annotations=hints)
+                    T.gemm(q_tile, k_tile, s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                    probabilities(s, m, m_prev, row_sum, l, n0, m0, scale, softcap, left, right)
+                    for i, j in T.Parallel(block_m, d_pad):
+                        acc[i, j] *= m_prev[i]
+                    T.copy(s, p)
+                    T.copy(V[b, n0 : n0 + block_n, hk, 0:d_pad], v_tile, annotations=hints)
+                    T.gemm(p, v_tile, acc, policy=T.GemmWarpPolicy.FullRow)
+                finish(acc, l, m, o_tile, OUT, LSE, b, h, m0)
 
     return flash_fwd
 
@@ -489,15 +573,16 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
     return flash_bwd
 
 
-def backward_variants(dtypes, configs: bool = False) -> list[tuple[str, str, str]]:
-    """(kernel, dtype, dtype) of the backward's kernels (sm_90a only, so not in `variants`, the AOT matrix of every
-    TileLang target); `configs`: the main kernel's alternative configurations too."""
+def sm90_variants(dtypes, alternatives: bool = False) -> list[tuple[str, str, str]]:
+    """(kernel, dtype, dtype) of the kernels built for sm_90a only, so not in `variants` (the AOT matrix of every
+    TileLang target): the backward's; `alternatives`: the forward's and the main backward kernel's non-default
+    configurations too (the sweep's candidates)."""
     kernels = [kernel_name(d - pad, softcap, "bwd") for d in BWD_HEAD_DIMS for pad in (0, 1)
                for softcap in (False, True)]  # fmt: skip
     kernels += [kernel_name(d, False, step) for d in BWD_HEAD_DIMS for step in ("bwd_pre", "bwd_post")]
-    if configs:
-        alternatives = [(d, i) for d in BWD_HEAD_DIMS for i in range(1, len(BWD_CONFIGS["sm90"][d]))]
-        kernels += [kernel_name(d, False, "bwd", i) for d, i in alternatives]
+    if alternatives:
+        for direction, configs in (("fwd", CONFIGS["sm90"]), ("bwd", BWD_CONFIGS["sm90"])):
+            kernels += [kernel_name(d, False, direction, i) for d, cs in configs.items() for i in range(1, len(cs))]
     return [(k, d, d) for d in dtypes if d in DTYPES for k in kernels]
 
 
