@@ -1,7 +1,7 @@
 """flash_attention's TileLang backward, timed on this machine's GPU beside the Triton backward and cuDNN's SDPA.
 
 For each head dim and causal / not (bf16, B 4, S 8192, 32 heads by default): the TileLang forward in each
-configuration of CONFIGS (c0 = default; OVERLAP ones: flash_fwd_overlap), with its output's max |difference| to the
+configuration of CONFIGS (c0 = default), with its output's max |difference| to the
 Triton forward's; then forward + backward as
     triton                 the Triton forward and backward (backend="triton")
     tilelang-fwd+triton    the TileLang forward, the Triton backward (backend="tilelang" before the TileLang backward)

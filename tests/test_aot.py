@@ -15,6 +15,7 @@ from conftest import needs_tilelang
 from subprocesses import run_python
 
 from tile_kernels.core import REGISTRY, aot, backends
+from tile_kernels.core.flash_attention_tilelang import BWD_CONFIGS
 
 
 def _python(*args: str):
@@ -280,23 +281,52 @@ def test_tilelang_flash_attention_builds_with_hopper_paths_only_on_sm90a(target)
     assert "tl::tma_load(" not in source and "tanh" not in source  # no TMA; the softcap's tanh from exp2
 
 
+def _sm90a_source(kernel: str) -> str:
+    """flash_attention's TileLang `kernel` (bf16) built for sm_90a through the matrix's step, or lowered where nvcc is
+    missing: its CUDA source."""
+    cfg = aot.TileLangConfig("flash_attention", kernel, "bfloat16", "bfloat16")
+    if _built("cuda:90") and backends.find_cuda_home() is not None:
+        return aot.compile_config(cfg, aot.TARGETS["cuda:90"]).get_kernel_source()
+    lower = backends.module("flash_attention", "tilelang").lower
+    return lower(kernel, "bfloat16", "bfloat16", aot.TILELANG_TARGETS["cuda:90"][0]).kernel_source
+
+
+def _in_order(text: str, steps: tuple[str, ...]) -> None:
+    at = 0
+    for step in steps:
+        found = text.find(step, at)
+        assert found >= 0, f"{step!r} not after position {at}"
+        at = found + len(step)
+
+
 @needs_tilelang
 def test_tilelang_flash_attention_overlap_schedule_issues_both_gemms_before_waiting():
-    """flash_fwd_overlap (CONFIGS' OVERLAP configurations), built for sm_90a (lowered where nvcc is missing): in the
-    steady-state loop S(t)'s and P(t-1) V(t-1)'s wgmmas are issued, then the wait for all but the last group, K(t)'s
-    release after it, V(t-1)'s after the full wait; the producer / consumer register split; the output tile is q's."""
-    cfg = aot.TileLangConfig("flash_attention", "flash_fwd_d128_c1", "bfloat16", "bfloat16")
-    if _built("cuda:90") and backends.find_cuda_home() is not None:
-        source = aot.compile_config(cfg, aot.TARGETS["cuda:90"]).get_kernel_source()
-    else:
-        lower = backends.module("flash_attention", "tilelang").lower
-        source = lower(cfg.kernel_name, "bfloat16", "bfloat16", aot.TILELANG_TARGETS["cuda:90"][0]).kernel_source
+    """The TileLang forward in an OVERLAP configuration (CONFIGS): in the steady-state loop S(t)'s and P(t-1) V(t-1)'s
+    wgmmas are issued, then the wait for all but the last group, K(t)'s release after it, V(t-1)'s after the full wait;
+    the producer / consumer register split; the output tile is q's."""
+    source = _sm90a_source("flash_fwd_d128_c1")
     loop = source[source.index("for (int t = 1;") :]
-    steps = ("wgmma_ss<", "wgmma_rs<", "wait_wgmma<1>", "k_empty[", "wait_wgmma<0>", "v_empty[")
-    order = [loop.index(w) for w in steps]
-    assert order == sorted(order), order
+    _in_order(loop, ("wgmma_ss<", "wgmma_rs<", "wait_wgmma<1>", "k_empty[", "wait_wgmma<0>", "v_empty["))
     assert "warpgroup_reg_alloc<240>" in source and "warpgroup_reg_dealloc<24>" in source
     assert "o_tile" not in source and "tl::tma_store(OUT_desc, (&(((bfloat16_t*)q_tile)" in source
+
+
+@needs_tilelang
+def test_tilelang_flash_attention_backward_ws_schedule_waits_once_for_three_gemms():
+    """The TileLang backward's "ws" schedule (BWD_CONFIGS): per step S^T's and dP^T's wgmmas issued, P^T after the
+    first wait, dV issued, dS^T after the second, dK and dQ issued, one full wait, then Q's and dO's release; the dQ
+    tile fenced for the async proxy and handed to the TMA warp, whose reduce-add follows its wait; dK, dV leave through
+    K's and V's tiles."""
+    kernel = next(f"flash_bwd_d128_c{i}" for i, c in enumerate(BWD_CONFIGS["sm90"][128]) if c[4] == "ws")
+    source = _sm90a_source(kernel)
+    consumer = source[source.index("for (int step = 0;") : source.index("warpgroup_reg_dealloc<24>")]
+    _in_order(consumer, ("wgmma_ss<", "wgmma_ss<", "wait_wgmma<1>", "wgmma_rs<", "wait_wgmma<1>", "wgmma_rs<",
+                         "wgmma_ss<", "wait_wgmma<0>", "q_empty[", "do_empty[", "dq_empty[", "fence_proxy_async",
+                         "dq_full["))  # fmt: skip
+    assert consumer.count("wait_wgmma<") == 3 and "warpgroup_wait<" not in consumer
+    producer = source[source.index("warpgroup_reg_dealloc<24>") :]
+    _in_order(producer, ("dq_full[", "tma_store_add(DQ_ACC_desc", "tma_store_wait", "dq_empty["))
+    assert "dk_tile" not in source and "tl::tma_store(DK_desc, (&(((bfloat16_t*)k_tile)" in source
 
 
 @needs_tilelang

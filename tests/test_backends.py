@@ -646,7 +646,7 @@ def test_torch_flash_attention_tilelang_backward_configurations_match_reference(
 def test_torch_flash_attention_tilelang_forward_configurations_match_reference(
     head_dim, config, batch, seqlen_q, seqlen_k, heads_q, heads_k, causal, window, softcap
 ):  # fmt: skip
-    """Each non-default forward configuration of CONFIGS (the sweep's candidates, flash_fwd_overlap's among them): out
+    """Each non-default forward configuration of CONFIGS (the sweep's candidates, the OVERLAP schedule among them): out
     against the float64 reference, lse against the Triton forward's, bf16; head dim 96 pads (the default kernel)."""
     import torch
 

@@ -29,7 +29,7 @@ Performance (H200, 2026-11-29, bf16 4x8192x32x128): 535 TFLOP/s forward (77% of 
 `tile-kernels aot --target cuda:90 --op flash_attention --out DIR` writes): a TMA producer warp group (registers
 released to 24) and two wgmma consumer groups (240 each), K and V in 2 stages, and a `warpgroup_wait<0>` after each
 GEMM: a group's softmax never overlaps its own GEMMs, only the other group's.
-The OVERLAP configurations (CONFIGS) run flash_fwd_overlap instead, FA3's intra-warpgroup order written as an explicit
+The OVERLAP configurations (CONFIGS) run another loop instead, FA3's intra-warpgroup order written as an explicit
 warp-specialization schedule (T.WSSchedule: roles, full / empty barrier pipelines for q, k, v, per-role op order with
 software-pipeline stages): at step t each consumer group issues S(t) = Q K(t)^T and O += P(t-1) V(t-1) without
 waiting, waits for the first (wgmma groups complete in order), releases K(t) to the producer, computes P(t) while the
@@ -58,7 +58,7 @@ The band is the forward's: (left, right) runtime ints, query blocks outside it a
 entirely (inside Sq and Sk) skip the mask (a runtime test per block).
 Backward design limits: as the forward's, plus head dims up to 128 (dK and dV of a 128-key block take 128 fp32
 registers a thread at head dim 128; the 256 bucket would need 256), and dQ summed by fp32 atomics (not
-bit-deterministic run to run). Configurations (BLOCK_M, BLOCK_N, stages, threads, ASYNC): BWD_CONFIGS, the first per
+bit-deterministic run to run). Configurations (BLOCK_M, BLOCK_N, stages, threads, SCHEDULE): BWD_CONFIGS, the first per
 bucket the default, the others selected by a "_c<i>" suffix of the kernel name (the benchmark's sweep).
 """
 
@@ -77,7 +77,7 @@ FAST_MATH = {"tl.enable_fast_math": True}
 # tiles, two consumer warp groups (TileLang adds the producer); the 256 bucket halves BLOCK_N to fit 227 KiB of shared
 # memory (q 64 KiB + 2 stages of k, v 32 KiB each; the output tile reuses q's). sm_80 (163 KiB) / gfx942 (64 KiB LDS):
 # smaller. OVERLAP (sm_90a, head dims that fill their bucket; others take the default kernel): FA3's intra-warpgroup
-# order under an explicit warp-specialization schedule (flash_fwd_overlap), 3 stages where they fit (q + 3 x (k + v)
+# order under an explicit warp-specialization schedule, 3 stages where they fit (q + 3 x (k + v)
 # = 224 KiB at head dim 128). Built for sm_90a without spills, not yet timed.
 CONFIGS = {
     "sm90": {64: [(128, 128, 2, 256, False), (128, 128, 2, 256, True), (128, 128, 3, 256, True)],
@@ -88,22 +88,29 @@ CONFIGS = {
 }  # fmt: skip
 
 
-# Backward (BLOCK_M queries per step, BLOCK_N keys per program, stages, threads, ASYNC) per family and bucket; the first
-# is the default. sm_90a: two consumer warp groups of 64 key rows each (plus TileLang's producer); shared memory at head
+# Backward (BLOCK_M queries per step, BLOCK_N keys per program, stages, threads, SCHEDULE) per family and bucket; the
+# first is the default. sm_90a: two consumer warp groups of 64 key rows each (plus the producer); shared memory at head
 # dim 128: K, V 32 KiB each, 2 stages of Q, dO 16 KiB each, dS^T 16 KiB, the dQ tile 32 KiB (fp32) ~ 177 KiB.
-# ASYNC: S^T's and dP^T's wgmmas issued together and P^T's exponentials computed while dP^T's runs (kernels without
-# softcap; with it the synchronous order runs). On an H100 (causal, bf16, 2026-12-05) the ASYNC defaults took the
-# backward 13.58 -> 13.22 ms at head dim 128 (B 4, S 8192, 32 heads) and 8.16 -> 7.74 ms at 64; 0.778 -> 0.755 ms at
-# Llama-3.2-1B's B 4, S 2048, 32 / 8 heads, head dim 64 (benchmarks/sweep_flash_attention_tilelang_bwd.py).
+# SCHEDULE (kernels with softcap run "sync"; "ws" needs EVEN and sm_90a, else "sync"):
+#   "sync"   TileLang's automatic warp specialization, every wgmma waited for.
+#   "async"  the same, with S^T's and dP^T's wgmmas issued together and P^T computed while dP^T's runs. On an H100
+#            (causal, bf16, 2026-12-05, benchmarks/sweep_flash_attention_tilelang_bwd.py) 13.58 -> 13.22 ms at head
+#            dim 128 (B 4, S 8192, 32 heads), 8.16 -> 7.74 at 64, 0.778 -> 0.755 at Llama-3.2-1B's B 4, S 2048, 32 / 8.
+#   "ws"     an explicit warp-specialization schedule (T.WSSchedule), where a buffer goes back to the producer only
+#            after the wgmmas reading it are waited for: per step S^T, dP^T issued; P^T once S^T is in; dV issued;
+#            dS^T once dP^T is in (dV still running); dK and dQ issued; one wait for the three. The TMA warp adds each
+#            dQ tile into the accumulator a step behind (a two-deep dQ pipeline), and dK, dV leave through K's and V's
+#            tiles. Built for sm_90a without spills (the 128 x 128 tiles at head dim 64 spill 48 B), not yet timed.
 # sm_80 / gfx942: one row split for all five GEMMs (4 warps of 16 key rows: the layouts of S^T and of dS^T as an
 # operand agree), smaller tiles; lowered and built by the AOT matrix, not measured.
 BWD_HEAD_DIMS = (64, 128)
 BWD_CONFIGS = {
-    "sm90": {64: [(128, 128, 2, 256, True), (128, 128, 2, 256, False), (64, 128, 2, 256, False),
-                  (64, 128, 3, 256, False)],
-             128: [(64, 128, 2, 256, True), (64, 128, 2, 256, False), (64, 128, 3, 256, False)]},
-    "sm80": {64: [(64, 64, 2, 128, False)], 128: [(32, 64, 2, 128, False)]},
-    "hip": {64: [(32, 64, 1, 256, False)], 128: [(32, 64, 1, 256, False)]},
+    "sm90": {64: [(128, 128, 2, 256, "async"), (128, 128, 2, 256, "sync"), (64, 128, 2, 256, "sync"),
+                  (64, 128, 3, 256, "sync"), (128, 128, 2, 256, "ws"), (64, 128, 2, 256, "ws")],
+             128: [(64, 128, 2, 256, "async"), (64, 128, 2, 256, "sync"), (64, 128, 3, 256, "sync"),
+                   (64, 128, 2, 256, "ws")]},
+    "sm80": {64: [(64, 64, 2, 128, "sync")], 128: [(32, 64, 2, 128, "sync")]},
+    "hip": {64: [(32, 64, 1, 256, "sync")], 128: [(32, 64, 1, 256, "sync")]},
 }  # fmt: skip
 PRE_BLOCK = 64  # query rows per program of flash_bwd_pre / flash_bwd_post
 
@@ -433,8 +440,10 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
 
     d_pad, even, has_softcap, config = _parse(kernel)
     family = _family(tilelang_target)
-    block_m, block_n, stages, threads, overlap = BWD_CONFIGS[family][d_pad][config]
-    overlap = overlap and not has_softcap  # softcap's dS^T needs tanh(S^T) beside P^T: the synchronous order
+    block_m, block_n, stages, threads, schedule = BWD_CONFIGS[family][d_pad][config]
+    if has_softcap or (schedule == "ws" and not (even and family == "sm90")):
+        schedule = "sync"  # softcap's dS^T needs tanh(S^T) beside P^T; "ws" pipelines TMA loads (sm_90a, EVEN) only
+    overlap = schedule == "async"
     dq_tma = family == "sm90"  # one TMA reduce-add per dQ tile (cp.reduce.async.bulk.tensor); atomics elsewhere
     f32 = "float32"
     B, SQ, SQP, SK, HQ, HK = T.dynamic("B SQ SQP SK HQ HK")
@@ -444,6 +453,28 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
     # two: TileLang releases a pipelined buffer to the producer right after its last GEMM is issued, so an async dV or
     # dK GEMM would still read dO / Q while the producer's TMA refills them.
     issue = {"wg_wait": -1} if overlap else None
+
+    @T.macro
+    def probabilities_t(st, pt, lse, n0, m0, scale, left, right):
+        """S^T (keys n0..., queries m0...) -> P^T = exp2(scale c S^T - lse) in st (fp32) and pt (q's dtype), 0 where
+        the key is invisible to the query."""
+        shift = SK - SQ
+        # every (key, query) pair of the block visible, inside Sq and Sk: no mask
+        partial = (
+            (n0 + left < m0 + block_m - 1 + shift)
+            | (n0 + block_n - 1 > m0 + shift + right)
+            | (m0 + block_m > SQ)
+            | (n0 + block_n > SK)
+        )
+        if partial:
+            for i, j in T.Parallel(block_n, block_m):
+                diag = m0 + j + shift
+                seen = (m0 + j < SQ) & (n0 + i < SK) & (n0 + i >= diag - left) & (n0 + i <= diag + right)
+                st[i, j] = T.if_then_else(seen, T.exp2(st[i, j] * (scale * LOG2E) - lse[j]), 0)
+        else:
+            for i, j in T.Parallel(block_n, block_m):
+                st[i, j] = T.exp2(st[i, j] * (scale * LOG2E) - lse[j])
+        T.copy(st, pt)
 
     @T.prim_func
     def flash_bwd(
@@ -470,9 +501,7 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
             lse = T.alloc_shared((block_m,), f32)
             delta = T.alloc_shared((block_m,), f32)
             ds_tile = T.alloc_shared((block_n, block_m), dtype)
-            dk_tile = T.alloc_shared((block_n, d_pad), dtype)
-            dv_tile = T.alloc_shared((block_n, d_pad), dtype)
-            st = T.alloc_fragment((block_n, block_m), f32)  # S^T (then P^T where ASYNC)
+            st = T.alloc_fragment((block_n, block_m), f32)  # S^T (then P^T, "async" / "ws")
             dpt = T.alloc_fragment((block_n, block_m), f32)  # dP^T
             pt = T.alloc_fragment((block_n, block_m), dtype)  # P^T
             dst = T.alloc_fragment((block_n, block_m), dtype)  # dS^T
@@ -482,93 +511,174 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
             if dq_tma:
                 dq_tile = T.alloc_shared((block_m, d_pad), f32)
 
-            group = HQ // HK
-            n0 = nb * block_n
-            shift = SK - SQ  # bottom-right alignment: key j is seen by queries [j - shift - right, j - shift + left]
-            # query blocks [first, last) hold every row that sees a key of this block; at least one (clamped into Sq)
-            # so the loop runs: a block that sees nothing then has P = 0 and adds zeros
-            first = T.min(T.max(n0 - shift - right, 0) // block_m, T.ceildiv(SQ, block_m) - 1)
-            last = T.max(T.ceildiv(T.min(n0 + block_n - shift + left, SQ), block_m), first + 1)
-            blocks = last - first
-
-            T.copy(K[b, n0 : n0 + block_n, hk, 0:d_pad], k_tile, annotations=hints)
-            T.copy(V[b, n0 : n0 + block_n, hk, 0:d_pad], v_tile, annotations=hints)
-            T.fill(dk, 0)
-            T.fill(dv, 0)
-            for step in T.Pipelined(group * blocks, num_stages=stages):
-                h = hk * group + step // blocks
-                m0 = (first + step % blocks) * block_m
-                T.copy(Q[b, m0 : m0 + block_m, h, 0:d_pad], q_tile, annotations=hints)
-                T.copy(LSE[b, h, m0 : m0 + block_m], lse)
-                T.gemm(k_tile, q_tile, st, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True,
-                       annotations=issue)  # fmt: skip
-                T.copy(DOUT[b, m0 : m0 + block_m, h, 0:d_pad], do_tile, annotations=hints)
-                T.copy(DELTA[b, h, m0 : m0 + block_m], delta)
-                T.gemm(v_tile, do_tile, dpt, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True,
-                       annotations=issue)  # fmt: skip
-                # every (key, query) pair of the block visible, inside Sq and Sk: no mask
-                partial = (
-                    (n0 + left < m0 + block_m - 1 + shift)
-                    | (n0 + block_n - 1 > m0 + shift + right)
-                    | (m0 + block_m > SQ)
-                    | (n0 + block_n > SK)
-                )
-                if overlap:  # P^T into st (fp32) while dP^T's wgmma runs
-                    T.wait_wgmma(1)
-                    if partial:
+            if schedule == "ws":
+                T.annotate_ws_schedule(T.WSSchedule(
+                    num_warps=threads // 32 + 4,
+                    roles=[T.WSRole("MMA", warps_lo=0, warps_hi=threads // 32, max_nreg=240),
+                           T.WSRole("TMA", warps_lo=threads // 32, warps_hi=threads // 32 + 1, max_nreg=24)],
+                    pipelines=[T.WSPipeline("kv", [k_tile, v_tile], depth=1),
+                               T.WSPipeline("q", [q_tile, lse], depth=stages),
+                               T.WSPipeline("do", [do_tile, delta], depth=stages),
+                               T.WSPipeline("dq", [dq_tile], depth=2)],
+                    scopes=[
+                        # per (query head, query block): S^T and dP^T issued; P^T once S^T is in; dV issued; dS^T
+                        # once dP^T is in (dV still running); dK and dQ issued; one wait for all three
+                        T.WSScope("loop", {
+                            "TMA": ["index", T.WSSync.producer_acquire("q"), "load_q", "load_lse",
+                                    T.WSSync.producer_commit("q"),
+                                    T.WSSync.producer_acquire("do"), "load_do", "load_delta",
+                                    T.WSSync.producer_commit("do"), T.WSSync.consumer_wait("dq", stage=1), "dq_out",
+                                    T.WSSync.consumer_release("dq", stage=1)],
+                            "MMA": ["index", T.WSSync.consumer_wait("q"), "st", T.WSSync.consumer_wait("do"), "dpt",
+                                    "wait_st",
+                                    "p", "dv", "wait_dpt", "ds", "dk", "dq", "wait_all", T.WSSync.consumer_release("q"),
+                                    T.WSSync.consumer_release("do"), T.WSSync.producer_acquire("dq"), "dq_stage",
+                                    T.WSSync.producer_commit("dq")],
+                        }),
+                        T.WSScope(T.WSScope.ROOT, {
+                            "TMA": ["bounds", T.WSSync.producer_acquire("kv"), "load_k", "load_v",
+                                    T.WSSync.producer_commit("kv"), "loop"],
+                            "MMA": ["bounds", "init", T.WSSync.consumer_wait("kv"), "loop", "finish",
+                                    T.WSSync.consumer_release("kv")],
+                        }),
+                    ],
+                ))  # fmt: skip
+                with T.ws_op("bounds"):
+                    n0 = nb * block_n
+                    # as below
+                    first = T.min(T.max(n0 - SK + SQ - right, 0) // block_m, T.ceildiv(SQ, block_m) - 1)
+                    blocks = T.max(T.ceildiv(T.min(n0 + block_n - SK + SQ + left, SQ), block_m), first + 1) - first
+                T.copy(K[b, n0 : n0 + block_n, hk, 0:d_pad], k_tile, annotations={T.WSID: "load_k"})
+                T.copy(V[b, n0 : n0 + block_n, hk, 0:d_pad], v_tile, annotations={T.WSID: "load_v"})
+                with T.ws_op("init"):
+                    T.fill(dk, 0)
+                    T.fill(dv, 0)
+                for step in T.Pipelined(HQ // HK * blocks, num_stages=stages, annotations={T.WSID: "loop"}):
+                    with T.ws_op("index"):  # the step's query head and first query row, as below
+                        h = hk * (HQ // HK) + step // blocks
+                        m0 = (first + step % blocks) * block_m
+                    T.copy(Q[b, m0 : m0 + block_m, h, 0:d_pad], q_tile, annotations={T.WSID: "load_q"})
+                    T.copy(LSE[b, h, m0 : m0 + block_m], lse, annotations={T.WSID: "load_lse"})
+                    T.copy(DOUT[b, m0 : m0 + block_m, h, 0:d_pad], do_tile, annotations={T.WSID: "load_do"})
+                    T.copy(DELTA[b, h, m0 : m0 + block_m], delta, annotations={T.WSID: "load_delta"})
+                    T.gemm(k_tile, q_tile, st, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True,
+                           annotations={T.WSID: "st", "wg_wait": -1})  # fmt: skip
+                    T.gemm(v_tile, do_tile, dpt, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True,
+                           annotations={T.WSID: "dpt", "wg_wait": -1})  # fmt: skip
+                    with T.ws_op("wait_st"):
+                        T.wait_wgmma(1)
+                    with T.ws_op("p"):
+                        probabilities_t(st, pt, lse, n0, m0, scale, left, right)
+                    T.gemm(pt, do_tile, dv, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: "dv", "wg_wait": -1})
+                    with T.ws_op("wait_dpt"):  # dP^T in; dV may still run
+                        T.wait_wgmma(1)
+                    with T.ws_op("ds"):
                         for i, j in T.Parallel(block_n, block_m):
+                            dst[i, j] = st[i, j] * (dpt[i, j] - delta[j])
+                        T.copy(dst, ds_tile)
+                    T.gemm(dst, q_tile, dk, policy=T.GemmWarpPolicy.FullRow, annotations={T.WSID: "dk", "wg_wait": -1})
+                    T.gemm(ds_tile, k_tile, dq, transpose_A=True, clear_accum=True,
+                           annotations={T.WSID: "dq", "wg_wait": -1})  # fmt: skip
+                    with T.ws_op("wait_all"):
+                        T.wait_wgmma(0)
+                    with T.ws_op("dq_stage"):  # each thread's writes ordered before the TMA warp's bulk read
+                        T.copy(dq, dq_tile)
+                        T.fence_proxy_async()
+                    # the TMA warp adds each dQ tile into the accumulator a step behind (its indices from `step`, which
+                    # the schedule's shift rewrites, not from the step's h and m0)
+                    T.atomic_add(DQ_ACC[b, hk * (HQ // HK) + step // blocks,
+                                        (first + step % blocks) * block_m : (first + step % blocks + 1) * block_m,
+                                        0:d_pad], dq_tile, annotations={T.WSID: "dq_out", "use_tma": 1})  # fmt: skip
+                with T.ws_op("finish"):  # dK, dV through K's and V's shared tiles
+                    for i, j in T.Parallel(block_n, d_pad):
+                        dk[i, j] = dk[i, j] * scale
+                    T.copy(dk, k_tile)
+                    T.copy(dv, v_tile)
+                    T.copy(k_tile, DK[b, n0 : n0 + block_n, hk, 0:d_pad])
+                    T.copy(v_tile, DV[b, n0 : n0 + block_n, hk, 0:d_pad])
+            else:
+                dk_tile = T.alloc_shared((block_n, d_pad), dtype)
+                dv_tile = T.alloc_shared((block_n, d_pad), dtype)
+                group = HQ // HK
+                n0 = nb * block_n
+                # bottom-right alignment: key j is seen by queries [j - shift - right, j - shift + left]
+                shift = SK - SQ
+                # query blocks [first, last) hold every row that sees a key of this block; at least one (clamped into
+                # Sq) so the loop runs: a block that sees nothing then has P = 0 and adds zeros
+                first = T.min(T.max(n0 - shift - right, 0) // block_m, T.ceildiv(SQ, block_m) - 1)
+                last = T.max(T.ceildiv(T.min(n0 + block_n - shift + left, SQ), block_m), first + 1)
+                blocks = last - first
+
+                T.copy(K[b, n0 : n0 + block_n, hk, 0:d_pad], k_tile, annotations=hints)
+                T.copy(V[b, n0 : n0 + block_n, hk, 0:d_pad], v_tile, annotations=hints)
+                T.fill(dk, 0)
+                T.fill(dv, 0)
+                for step in T.Pipelined(group * blocks, num_stages=stages):
+                    h = hk * group + step // blocks
+                    m0 = (first + step % blocks) * block_m
+                    T.copy(Q[b, m0 : m0 + block_m, h, 0:d_pad], q_tile, annotations=hints)
+                    T.copy(LSE[b, h, m0 : m0 + block_m], lse)
+                    T.gemm(k_tile, q_tile, st, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True,
+                           annotations=issue)  # fmt: skip
+                    T.copy(DOUT[b, m0 : m0 + block_m, h, 0:d_pad], do_tile, annotations=hints)
+                    T.copy(DELTA[b, h, m0 : m0 + block_m], delta)
+                    T.gemm(v_tile, do_tile, dpt, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True,
+                           annotations=issue)  # fmt: skip
+                    # every (key, query) pair of the block visible, inside Sq and Sk: no mask
+                    partial = (
+                        (n0 + left < m0 + block_m - 1 + shift)
+                        | (n0 + block_n - 1 > m0 + shift + right)
+                        | (m0 + block_m > SQ)
+                        | (n0 + block_n > SK)
+                    )
+                    if overlap:  # P^T into st (fp32) while dP^T's wgmma runs
+                        T.wait_wgmma(1)
+                        probabilities_t(st, pt, lse, n0, m0, scale, left, right)
+                        T.wait_wgmma(0)
+                        for i, j in T.Parallel(block_n, block_m):
+                            dst[i, j] = st[i, j] * (dpt[i, j] - delta[j])
+                    elif partial:
+                        for i, j in T.Parallel(block_n, block_m):
+                            key = n0 + i
                             diag = m0 + j + shift
-                            seen = (m0 + j < SQ) & (n0 + i < SK) & (n0 + i >= diag - left) & (n0 + i <= diag + right)
-                            st[i, j] = T.if_then_else(seen, T.exp2(st[i, j] * (scale * LOG2E) - lse[j]), 0)
+                            seen = (m0 + j < SQ) & (key < SK) & (key >= diag - left) & (key <= diag + right)
+                            if has_softcap:
+                                # tanh(x) = 1 - 2 / (exp(2x) + 1), from exp2 as in the forward
+                                t = 1 - 2 / (T.exp2(st[i, j] * (scale / softcap * 2 * LOG2E)) + 1)
+                                p = T.if_then_else(seen, T.exp2(t * (softcap * LOG2E) - lse[j]), 0)
+                                pt[i, j] = p
+                                dst[i, j] = p * (dpt[i, j] - delta[j]) * (1 - t * t)
+                            else:
+                                p = T.if_then_else(seen, T.exp2(st[i, j] * (scale * LOG2E) - lse[j]), 0)
+                                pt[i, j] = p
+                                dst[i, j] = p * (dpt[i, j] - delta[j])
                     else:
                         for i, j in T.Parallel(block_n, block_m):
-                            st[i, j] = T.exp2(st[i, j] * (scale * LOG2E) - lse[j])
-                    T.copy(st, pt)
-                    T.wait_wgmma(0)
-                    for i, j in T.Parallel(block_n, block_m):
-                        dst[i, j] = st[i, j] * (dpt[i, j] - delta[j])
-                elif partial:
-                    for i, j in T.Parallel(block_n, block_m):
-                        key = n0 + i
-                        diag = m0 + j + shift
-                        seen = (m0 + j < SQ) & (key < SK) & (key >= diag - left) & (key <= diag + right)
-                        if has_softcap:
-                            # tanh(x) = 1 - 2 / (exp(2x) + 1), from exp2 as in the forward
-                            t = 1 - 2 / (T.exp2(st[i, j] * (scale / softcap * 2 * LOG2E)) + 1)
-                            p = T.if_then_else(seen, T.exp2(t * (softcap * LOG2E) - lse[j]), 0)
-                            pt[i, j] = p
-                            dst[i, j] = p * (dpt[i, j] - delta[j]) * (1 - t * t)
-                        else:
-                            p = T.if_then_else(seen, T.exp2(st[i, j] * (scale * LOG2E) - lse[j]), 0)
-                            pt[i, j] = p
-                            dst[i, j] = p * (dpt[i, j] - delta[j])
-                else:
-                    for i, j in T.Parallel(block_n, block_m):
-                        if has_softcap:
-                            t = 1 - 2 / (T.exp2(st[i, j] * (scale / softcap * 2 * LOG2E)) + 1)
-                            p = T.exp2(t * (softcap * LOG2E) - lse[j])
-                            pt[i, j] = p
-                            dst[i, j] = p * (dpt[i, j] - delta[j]) * (1 - t * t)
-                        else:
-                            p = T.exp2(st[i, j] * (scale * LOG2E) - lse[j])
-                            pt[i, j] = p
-                            dst[i, j] = p * (dpt[i, j] - delta[j])
-                T.gemm(pt, do_tile, dv, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(dst, ds_tile)
-                T.gemm(dst, q_tile, dk, policy=T.GemmWarpPolicy.FullRow)
-                T.gemm(ds_tile, k_tile, dq, transpose_A=True, clear_accum=True)
-                if dq_tma:
-                    T.copy(dq, dq_tile)
-                    T.atomic_add(DQ_ACC[b, h, m0 : m0 + block_m, 0:d_pad], dq_tile, annotations={"use_tma": 1})
-                else:
-                    for i, j in T.Parallel(block_m, d_pad):
-                        T.atomic_add(DQ_ACC[b, h, m0 + i, j], dq[i, j])
-            for i, j in T.Parallel(block_n, d_pad):
-                dk[i, j] = dk[i, j] * scale
-            T.copy(dk, dk_tile)
-            T.copy(dv, dv_tile)
-            T.copy(dk_tile, DK[b, n0 : n0 + block_n, hk, 0:d_pad], annotations=hints)
-            T.copy(dv_tile, DV[b, n0 : n0 + block_n, hk, 0:d_pad], annotations=hints)
+                            if has_softcap:
+                                t = 1 - 2 / (T.exp2(st[i, j] * (scale / softcap * 2 * LOG2E)) + 1)
+                                p = T.exp2(t * (softcap * LOG2E) - lse[j])
+                                pt[i, j] = p
+                                dst[i, j] = p * (dpt[i, j] - delta[j]) * (1 - t * t)
+                            else:
+                                p = T.exp2(st[i, j] * (scale * LOG2E) - lse[j])
+                                pt[i, j] = p
+                                dst[i, j] = p * (dpt[i, j] - delta[j])
+                    T.gemm(pt, do_tile, dv, policy=T.GemmWarpPolicy.FullRow)
+                    T.copy(dst, ds_tile)
+                    T.gemm(dst, q_tile, dk, policy=T.GemmWarpPolicy.FullRow)
+                    T.gemm(ds_tile, k_tile, dq, transpose_A=True, clear_accum=True)
+                    if dq_tma:
+                        T.copy(dq, dq_tile)
+                        T.atomic_add(DQ_ACC[b, h, m0 : m0 + block_m, 0:d_pad], dq_tile, annotations={"use_tma": 1})
+                    else:
+                        for i, j in T.Parallel(block_m, d_pad):
+                            T.atomic_add(DQ_ACC[b, h, m0 + i, j], dq[i, j])
+                for i, j in T.Parallel(block_n, d_pad):
+                    dk[i, j] = dk[i, j] * scale
+                T.copy(dk, dk_tile)
+                T.copy(dv, dv_tile)
+                T.copy(dk_tile, DK[b, n0 : n0 + block_n, hk, 0:d_pad], annotations=hints)
+                T.copy(dv_tile, DV[b, n0 : n0 + block_n, hk, 0:d_pad], annotations=hints)
 
     return flash_bwd
 
