@@ -100,6 +100,7 @@ def test_patched_model_matches_the_stock_model(model_type, attention):
 
     layer = patched.model.layers[0]
     assert type(layer.input_layernorm) is tk.nn.RMSNorm and type(layer.mlp) is tk.nn.SwiGLUMLP
+    assert layer.forward.__func__ is tk.models.decoder_layer_forward  # the post-attention residual in the norm
     assert patched.config._attn_implementation == ("tile_kernels" if attention is True else f"tile_kernels_{attention}")
     fp32 = stock.dtype == torch.float32
     tol = 2e-4 if fp32 else 3e-2

@@ -11,6 +11,9 @@ What each switch swaps (every one independent):
              sequences through flash_attention_varlen, as transformers' flash-attention path takes them);
              attention="triton" / "tilelang" picks flash_attention's backend ("tile_kernels_triton", ...), True its
              default
+- residual:  each decoder layer's post-attention residual add done by its post-attention RMSNorm (rms_norm with
+             residual=: one kernel, and in the backward one, instead of an add and a norm), for layers of exactly
+             the Llama family's four parts whose forward returns a tensor (with rms_norm only)
 - loss:      the causal-LM forward computes its loss with fused_linear_cross_entropy (the (N, V) logits never
              exist; float32 loss, mean over non-ignored tokens or sum / num_items_in_batch as transformers does); logits
              are returned only when no labels are given
@@ -36,7 +39,7 @@ ATTENTION_BACKENDS = ("triton", "tilelang")
 IGNORE_INDEX = -100
 
 
-def apply_to(model, rms_norm=True, swiglu=True, rotary=True, attention=True, loss=True):
+def apply_to(model, rms_norm=True, swiglu=True, rotary=True, attention=True, loss=True, residual=True):
     """Patches `model` (a transformers model of the Llama family: Llama, Mistral, Qwen2, Qwen3) in place and returns
     it. Parameters are shared, not copied: the state dict, the optimizer's parameters and tied weights stay as they
     were."""
@@ -55,6 +58,10 @@ def apply_to(model, rms_norm=True, swiglu=True, rotary=True, attention=True, los
                 setattr(parent, name, norm)
             elif swiglu and _is_swiglu_mlp(child):
                 setattr(parent, name, SwiGLUMLP.sharing(child))
+    if rms_norm and residual:
+        for module in model.modules():
+            if _is_pre_norm_decoder_layer(module):
+                module.forward = types.MethodType(decoder_layer_forward, module)
     if rotary:
         for module in model.modules():
             forward = inspect.unwrap(type(module).forward)
@@ -94,6 +101,29 @@ def _is_swiglu_mlp(module) -> bool:
     silu = isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
     has_bias = any(getattr(getattr(module, p, None), "bias", None) is not None for p in ("gate_proj", "up_proj"))
     return silu and not has_bias and all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj"))
+
+
+_DECODER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+
+
+def _is_pre_norm_decoder_layer(module) -> bool:
+    """A decoder layer as Llama's: exactly the four parts, the post-attention norm ours, a forward returning the
+    hidden states (transformers 4.x layers that return tuples, or with more parts, keep their own forward)."""
+    returns = inspect.signature(type(module).forward).return_annotation
+    return (
+        {name for name, _ in module.named_children()} == _DECODER_PARTS
+        and isinstance(module.post_attention_layernorm, RMSNorm)
+        and returns in (torch.Tensor, "torch.Tensor")
+    )
+
+
+def decoder_layer_forward(self, hidden_states, **kwargs):
+    """A Llama-family decoder layer, x + attention(norm(x)) then h + mlp(norm(h)), with h and norm(h) from one
+    rms_norm(attention's output, residual=x). The keyword arguments go to the attention module as the stock layer
+    passes them."""
+    attention_out, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    normed, hidden_states = self.post_attention_layernorm(attention_out, residual=hidden_states)
+    return hidden_states + self.mlp(normed)
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
