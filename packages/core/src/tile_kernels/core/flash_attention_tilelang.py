@@ -78,10 +78,12 @@ FAST_MATH = {"tl.enable_fast_math": True}
 # memory (q 64 KiB + 2 stages of k, v 32 KiB each; the output tile reuses q's). sm_80 (163 KiB) / gfx942 (64 KiB LDS):
 # smaller. OVERLAP (sm_90a, head dims that fill their bucket; others take the default kernel): FA3's intra-warpgroup
 # order under an explicit warp-specialization schedule, 3 stages where they fit (q + 3 x (k + v)
-# = 224 KiB at head dim 128). Built for sm_90a without spills, not yet timed.
+# = 224 KiB at head dim 128), and FA3's 128 x 176 tiles at head dim 128 (208 KiB). Built for sm_90a without spills,
+# not yet timed.
 CONFIGS = {
     "sm90": {64: [(128, 128, 2, 256, False), (128, 128, 2, 256, True), (128, 128, 3, 256, True)],
-             128: [(128, 128, 2, 256, False), (128, 128, 2, 256, True), (128, 128, 3, 256, True)],
+             128: [(128, 128, 2, 256, False), (128, 128, 2, 256, True), (128, 128, 3, 256, True),
+                   (128, 176, 2, 256, True)],
              256: [(128, 64, 2, 256, False), (128, 64, 2, 256, True)]},
     "sm80": {64: [(128, 64, 2, 128, False)], 128: [(128, 64, 2, 256, False)], 256: [(64, 32, 2, 128, False)]},
     "hip": {64: [(64, 64, 1, 256, False)], 128: [(64, 32, 1, 256, False)], 256: [(32, 32, 1, 128, False)]},
