@@ -51,7 +51,7 @@ def prebuild(kernels: list[tuple[str, str]], arch: int, jobs: int, log) -> None:
 
 
 def all_kernels(dtypes) -> list[tuple[str, str]]:
-    """Every TileLang kernel of flash_attention (forward and backward) plus the alternative backward configs."""
+    """Every TileLang kernel of flash_attention (forward and backward) plus the alternative configurations of both."""
     from tile_kernels.core import flash_attention_tilelang as tl_fa
 
     return [(k, d) for k, d, _ in tl_fa.variants(dtypes) + tl_fa.sm90_variants(dtypes, alternatives=True)]
