@@ -32,11 +32,16 @@ SWIZZLE = 8  # tile columns a panel
 # 128 x 256 tiles in two consumer warp groups (a 64 x 256 fp32 accumulator each, 128 registers a thread), 3 stages of
 # 48 KiB, one program a tile. A persistent config runs PERSISTENT_PROGRAMS programs that walk the tiles (T.Persistent,
 # grouped by 8 tile rows) instead: candidates for benchmarks/sweep_matmul.py, 0.86-0.92x cuBLAS on an H200 (slower
-# than one program a tile; with an epilogue 0.37x: benchmarks/results/h200/notes.md).
+# than one program a tile; with an epilogue 0.37x: benchmarks/results/h200/notes.md). The k128 configs halve the K
+# steps: TileLang's automatic warp specialization waits for every step's wgmmas (`warpgroup_wait<0>`) before it
+# releases the stage and issues the next, so the tensor cores idle once a step (sm_90a build: no spills, the output
+# tile in the stages' shared memory; not yet timed).
 CONFIGS = {
     "default": (128, 256, 64, 3, 256, False),
     "m128n128s4": (128, 128, 64, 4, 256, False),
     "m256n128s3": (256, 128, 64, 3, 256, False),
+    "m128n256k128s2": (128, 256, 128, 2, 256, False),
+    "m128n128k128s3": (128, 128, 128, 3, 256, False),
     "persistent": (128, 256, 64, 3, 256, True),
     "persistentm256n128": (256, 128, 64, 3, 256, True),
 }
