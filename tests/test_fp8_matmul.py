@@ -170,6 +170,45 @@ def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code():
         assert feature in source, feature
 
 
+@needs_tilelang
+def test_tilelang_paired_schedule_promotes_beside_the_other_steps_wgmma():
+    """The PAIRED configurations (explicit warp-specialization schedule): per pair of K steps the even step's wgmma
+    issued, the last pair's odd step promoted while it runs, the odd step's wgmma issued, one wait for all but the
+    last (the even step's tiles released after it), the even step's promotion while the odd step's runs, one full
+    wait, the odd step's tiles released."""
+    from tile_kernels.core import fp8_matmul_tilelang as tl_f8
+
+    source = tl_f8.lower(tl_f8.kernel_name("paired"), "float8_e4m3fn", "bfloat16", tl_f8.target(90)).kernel_source
+    loop = source[source.index("for (int t = 0;") : source.index("warpgroup_reg_dealloc")]
+    at = 0
+    for step in ("even_full[", "wgmma_ss<", "(step_odd + ", "odd_full[", "wgmma_ss<", "wait_wgmma<1>", "even_empty[",
+                 "(step + ", "wait_wgmma<0>", "odd_empty["):  # fmt: skip
+        at = loop.index(step, at) + len(step)
+    assert loop.count("wait_wgmma<") == 2 and "warpgroup_wait<" not in loop
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on Hopper GPUs")
+@pytest.mark.parametrize("config", [c for c in sorted(f8.fp8_matmul_tilelang.CONFIGS) if c != "default"])
+@pytest.mark.parametrize("m, k, n", [(300, 128, 256), (129, 384, 128), (256, 1024, 384)])
+def test_tilelang_configurations_match_the_reference(config, m, k, n):
+    """Each non-default configuration (the sweep's candidates) against the float64 reference: one, an odd number
+    (the paired schedule's last step past K) and an even number of K blocks, rows past a tile."""
+    import torch
+
+    from tile_kernels.torch._runtime import Executor, target
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TileLang kernel is written for sm_90")
+    kwargs = f8.sample(np.random.default_rng(m + k + n), (m, k, n), "bfloat16")
+    operands = _torch(kwargs)
+    plan = f8.compiled_forward("tilelang", m, n, k, out_dtype="bfloat16", arch=90, target=target(operands[0].device),
+                               tile_config=config)  # fmt: skip
+    out = Executor(plan)(*operands, device=operands[0].device)[0]
+    want = f8.reference(**kwargs)[0]
+    assert_close(f"fp8_matmul tilelang {config}", out.double().cpu().numpy(), want, "bfloat16", f8.slack(kwargs)[0])
+
+
 @needs_torch
 @pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on Hopper GPUs")
 @pytest.mark.parametrize("framework", sorted(DRIVERS))
