@@ -40,6 +40,17 @@ OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor")
 )
 # tests of TileLang kernels' lowering and builds (they run on the CPU, as nvcc builds: no GPU needed)
 needs_tilelang = pytest.mark.skipif(importlib.util.find_spec("tilelang") is None, reason="tilelang not installed")
+
+
+def assert_in_order(text: str, steps) -> None:
+    """Each of `steps` occurs in `text` after the previous one (a schedule read in generated code)."""
+    at = 0
+    for step in steps:
+        found = text.find(step, at)
+        assert found >= 0, f"{step!r} not found after position {at}"
+        at = found + len(step)
+
+
 needs_torch = pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
 from hypothesis import HealthCheck, settings  # noqa: E402
 

@@ -11,7 +11,7 @@ import re
 import textwrap
 
 import pytest
-from conftest import needs_tilelang
+from conftest import assert_in_order, needs_tilelang
 from subprocesses import run_python
 
 from tile_kernels.core import REGISTRY, aot, backends
@@ -291,14 +291,6 @@ def _sm90a_source(kernel: str) -> str:
     return lower(kernel, "bfloat16", "bfloat16", aot.TILELANG_TARGETS["cuda:90"][0]).kernel_source
 
 
-def _in_order(text: str, steps: tuple[str, ...]) -> None:
-    at = 0
-    for step in steps:
-        found = text.find(step, at)
-        assert found >= 0, f"{step!r} not after position {at}"
-        at = found + len(step)
-
-
 @needs_tilelang
 def test_tilelang_flash_attention_overlap_schedule_issues_both_gemms_before_waiting():
     """The TileLang forward in an OVERLAP configuration (CONFIGS): in the steady-state loop S(t)'s and P(t-1) V(t-1)'s
@@ -306,7 +298,7 @@ def test_tilelang_flash_attention_overlap_schedule_issues_both_gemms_before_wait
     the producer / consumer register split; the output tile is q's."""
     source = _sm90a_source("flash_fwd_d128_c1")
     loop = source[source.index("for (int t = 1;") :]
-    _in_order(loop, ("wgmma_ss<", "wgmma_rs<", "wait_wgmma<1>", "k_empty[", "wait_wgmma<0>", "v_empty["))
+    assert_in_order(loop, ("wgmma_ss<", "wgmma_rs<", "wait_wgmma<1>", "k_empty[", "wait_wgmma<0>", "v_empty["))
     assert "warpgroup_reg_alloc<240>" in source and "warpgroup_reg_dealloc<24>" in source
     assert "o_tile" not in source and "tl::tma_store(OUT_desc, (&(((bfloat16_t*)q_tile)" in source
 
@@ -320,12 +312,12 @@ def test_tilelang_flash_attention_backward_ws_schedule_waits_once_for_three_gemm
     kernel = next(f"flash_bwd_d128_c{i}" for i, c in enumerate(BWD_CONFIGS["sm90"][128]) if c[4] == "ws")
     source = _sm90a_source(kernel)
     consumer = source[source.index("for (int step = 0;") : source.index("warpgroup_reg_dealloc<24>")]
-    _in_order(consumer, ("wgmma_ss<", "wgmma_ss<", "wait_wgmma<1>", "wgmma_rs<", "wait_wgmma<1>", "wgmma_rs<",
+    assert_in_order(consumer, ("wgmma_ss<", "wgmma_ss<", "wait_wgmma<1>", "wgmma_rs<", "wait_wgmma<1>", "wgmma_rs<",
                          "wgmma_ss<", "wait_wgmma<0>", "q_empty[", "do_empty[", "dq_empty[", "fence_proxy_async",
                          "dq_full["))  # fmt: skip
     assert consumer.count("wait_wgmma<") == 3 and "warpgroup_wait<" not in consumer
     producer = source[source.index("warpgroup_reg_dealloc<24>") :]
-    _in_order(producer, ("dq_full[", "tma_store_add(DQ_ACC_desc", "tma_store_wait", "dq_empty["))
+    assert_in_order(producer, ("dq_full[", "tma_store_add(DQ_ACC_desc", "tma_store_wait", "dq_empty["))
     assert "dk_tile" not in source and "tl::tma_store(DK_desc, (&(((bfloat16_t*)k_tile)" in source
 
 

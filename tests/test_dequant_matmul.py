@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang, needs_torch
+from conftest import DEVICE, OPCHECK_UTILS, assert_in_order, needs_tilelang, needs_torch
 from drivers import DRIVERS
 
 from tile_kernels.core import dequant_matmul as dm
@@ -251,6 +251,46 @@ def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code(zeros):
     for feature in ("tma_load", "kBFloat16, tl::DataType::kFloat32, 64, 128, 16", "warpgroup_reg_alloc", "tma_store",
                     "tma_load(S_desc") + ("tma_load(Z_desc",) * zeros:  # fmt: skip
         assert feature in source, feature
+
+
+@needs_tilelang
+def test_tilelang_paired_schedule_unpacks_beside_the_previous_steps_wgmma():
+    """The PAIRED configuration (explicit warp-specialization schedule): per step, wait for all but the last wgmma
+    (the one that read the step's consumer-owned tiles is in), copy a and unpack the codes into them, release the
+    stage, issue the step's wgmma; no full wait inside the loop."""
+    from tile_kernels.core import dequant_matmul_tilelang as tl_dm
+
+    source = tl_dm.lower(tl_dm.kernel_name(True, "paired"), "bfloat16", "bfloat16", tl_dm.target(90)).kernel_source
+    loop = source[source.index("for (int t = 0;") : source.index("tl::wait_wgmma<0>();")]
+    steps = ("even_full[", "wait_wgmma<1>", "a_own", "even_empty[", "wgmma_ss<", "odd_full[", "wait_wgmma<1>", "a_odd",
+             "odd_empty[", "wgmma_ss<")  # fmt: skip
+    assert_in_order(loop, steps)
+    assert loop.count("wait_wgmma<") == 2 and "warpgroup_wait<" not in loop
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on Hopper GPUs")
+@pytest.mark.parametrize("config", [c for c in sorted(dm.dequant_matmul_tilelang.CONFIGS) if c != "default"])
+@pytest.mark.parametrize("m, k, n, group_size, zeros", [(300, 640, 520, 64, True), (129, 1024, 384, 128, False)])
+def test_tilelang_configurations_match_the_reference(config, m, k, n, group_size, zeros):
+    """Each non-default configuration (the sweep's candidates) against the float64 reference: rows and columns past
+    a tile, an odd number of 64-deep K steps (the paired schedule's last step past K), groups of 64 and 128."""
+    import torch
+    from test_ops import assert_close
+
+    from tile_kernels.torch._runtime import Executor, target
+    from tile_kernels.torch.bench import _tensor
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TileLang kernel is written for sm_90")
+    kwargs = dm.sample(np.random.default_rng(m + k + n), (m, k, n), "bfloat16", zeros=zeros, group_size=group_size)
+    names = ("a", "qweight", "scales") + (("zeros",) if zeros else ())
+    operands = [_tensor(kwargs[name], "cuda") for name in names]
+    plan = dm.compiled_forward("tilelang", m, n, k, dtype="bfloat16", group_size=group_size, has_zeros=zeros,
+                               arch=90, target=target(operands[0].device), tile_config=config)  # fmt: skip
+    out = Executor(plan)(*operands, device=operands[0].device)[0]
+    assert_close(f"dequant_matmul tilelang {config}", out.double().cpu().numpy(), dm.reference(**kwargs)[0],
+                 "bfloat16")  # fmt: skip
 
 
 @needs_torch

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang, needs_torch
+from conftest import DEVICE, OPCHECK_UTILS, assert_in_order, needs_tilelang, needs_torch
 from drivers import DRIVERS
 from test_ops import assert_close
 
@@ -180,10 +180,9 @@ def test_tilelang_paired_schedule_promotes_beside_the_other_steps_wgmma():
 
     source = tl_f8.lower(tl_f8.kernel_name("paired"), "float8_e4m3fn", "bfloat16", tl_f8.target(90)).kernel_source
     loop = source[source.index("for (int t = 0;") : source.index("warpgroup_reg_dealloc")]
-    at = 0
-    for step in ("even_full[", "wgmma_ss<", "(step_odd + ", "odd_full[", "wgmma_ss<", "wait_wgmma<1>", "even_empty[",
-                 "(step + ", "wait_wgmma<0>", "odd_empty["):  # fmt: skip
-        at = loop.index(step, at) + len(step)
+    steps = ("even_full[", "wgmma_ss<", "(step_odd + ", "odd_full[", "wgmma_ss<", "wait_wgmma<1>", "even_empty[",
+             "(step + ", "wait_wgmma<0>", "odd_empty[")  # fmt: skip
+    assert_in_order(loop, steps)
     assert loop.count("wait_wgmma<") == 2 and "warpgroup_wait<" not in loop
 
 
