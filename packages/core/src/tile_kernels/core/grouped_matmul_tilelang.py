@@ -32,6 +32,7 @@ CONFIGS = {
     "default": (128, 256, 64, 3, 256, 8),
     "m128n128s4": (128, 128, 64, 4, 256, 0),
     "unpaneled": (128, 256, 64, 3, 256, 0),
+    "k128": (128, 256, 128, 2, 256, 8),  # half the K steps, and so half the drains (matmul_tilelang.CONFIGS)
 }
 DEFAULT_CONFIG = "default"
 
