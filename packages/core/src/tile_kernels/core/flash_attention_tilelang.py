@@ -233,7 +233,8 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                 s[i, j] = (softcap * LOG2E) - (2 * softcap * LOG2E) / (t + 1)
             else:
                 s[i, j] = s[i, j] * (scale * LOG2E)
-        # keys in [full_lo, full_hi) are seen by every row of the query block: a key block inside needs no mask
+        # every row of the query block sees the keys [m0 + block_m - 1 + shift - left, m0 + shift + right + 1) (within
+        # SK): a key block inside needs no mask
         if n0 < m0 + block_m - 1 + shift - left or n0 + block_n > T.min(m0 + shift + right + 1, SK):
             for i, j in T.Parallel(block_m, block_n):
                 diag = m0 + i + shift
@@ -311,7 +312,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                     ],
                 ))  # fmt: skip
                 with T.ws_op("bounds"):
-                    m0 = (T.ceildiv(SQ, block_m) - 1 - bx) * block_m  # the last query blocks first, as above
+                    m0 = (T.ceildiv(SQ, block_m) - 1 - bx) * block_m  # the last query blocks first, as the default loop
                     hk = h // (HQ // HK)
                     first = T.max(m0 + SK - SQ - left, 0) // block_n
                     blocks = T.max(T.ceildiv(T.min(m0 + block_m + SK - SQ + right, SK), block_n), first + 1) - first
