@@ -35,8 +35,11 @@ SHAPES = {
 }
 # tile-kernels: flash_attention's default backend (TileLang on sm_90 at head dims 64 and 128 in training);
 # +triton-attn: its Triton kernels; +sdpa: transformers' SDPA attention. liger last: it patches the modeling module.
-VARIANTS = ("stock", "tile-kernels", "tile-kernels+triton-attn", "tile-kernels+sdpa", "liger")
-ATTENTION = {"tile-kernels": True, "tile-kernels+triton-attn": "triton", "tile-kernels+sdpa": False}
+VARIANTS = ("stock", "tile-kernels", "tile-kernels+residual-add", "tile-kernels+triton-attn", "tile-kernels+sdpa",
+            "liger")  # fmt: skip
+# apply_to's switches per variant (the defaults otherwise); +residual-add keeps the decoder layers' post-attention add
+PATCH = {"tile-kernels+residual-add": dict(residual=False), "tile-kernels+triton-attn": dict(attention="triton"),
+         "tile-kernels+sdpa": dict(attention=False)}  # fmt: skip
 
 
 def build(shape: str, variant: str, device: str, dtype):
@@ -55,7 +58,7 @@ def build(shape: str, variant: str, device: str, dtype):
     if variant.startswith("tile-kernels"):
         import tile_kernels.torch as tk
 
-        tk.apply_to(model, attention=ATTENTION[variant])
+        tk.apply_to(model, **PATCH.get(variant, {}))
     elif variant == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
