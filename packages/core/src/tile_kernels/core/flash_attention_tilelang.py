@@ -78,10 +78,11 @@ FAST_MATH = {"tl.enable_fast_math": True}
 # memory (q 64 KiB + 2 stages of k, v 32 KiB each; the output tile reuses q's). sm_80 (163 KiB) / gfx942 (64 KiB LDS):
 # smaller. OVERLAP (sm_90a, head dims that fill their bucket; others take the default kernel): FA3's intra-warpgroup
 # order under an explicit warp-specialization schedule, 3 stages where they fit (q + 3 x (k + v)
-# = 224 KiB at head dim 128), and FA3's 128 x 176 tiles at head dim 128 (208 KiB). Built for sm_90a without spills,
-# not yet timed.
+# = 224 KiB at head dim 128), FA3's 128 x 176 tiles at head dim 128 (208 KiB) and 192 x 128 at 64 (three consumer
+# warp groups at 160 registers). Built for sm_90a without spills, not yet timed.
 CONFIGS = {
-    "sm90": {64: [(128, 128, 2, 256, False), (128, 128, 2, 256, True), (128, 128, 3, 256, True)],
+    "sm90": {64: [(128, 128, 2, 256, False), (128, 128, 2, 256, True), (128, 128, 3, 256, True),
+                  (192, 128, 2, 384, True)],
              128: [(128, 128, 2, 256, False), (128, 128, 2, 256, True), (128, 128, 3, 256, True),
                    (128, 176, 2, 256, True)],
              256: [(128, 64, 2, 256, False), (128, 64, 2, 256, True)]},
@@ -199,6 +200,15 @@ def _no_keys(dtype: str):
     return flash_fwd_no_keys
 
 
+PRODUCER_REGISTERS = 24  # setmaxnreg of an explicit schedule's TMA warp group
+
+
+def _consumer_registers(threads: int) -> int:
+    """setmaxnreg of `threads` consumer threads beside the TMA warp group: the register file's 64 Ki 32-bit registers
+    shared out, a multiple of 8, at most 240 (two consumer warp groups: 240, three: 160)."""
+    return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
+
+
 def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     """The forward prim_func `kernel` (kernel_name) for one dtype and target. Parameters: Q, K, V (reads), OUT, LSE
     (writes), scale, softcap, left, right (scalars)."""
@@ -288,8 +298,8 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                 consumer, producer = threads // 32, threads // 32 + 4  # warps: the consumers, then the TMA warp group
                 T.annotate_ws_schedule(T.WSSchedule(
                     num_warps=producer,
-                    roles=[T.WSRole("MMA", warps_lo=0, warps_hi=consumer, max_nreg=240),
-                           T.WSRole("TMA", warps_lo=consumer, warps_hi=consumer + 1, max_nreg=24)],
+                    roles=[T.WSRole("MMA", warps_lo=0, warps_hi=consumer, max_nreg=_consumer_registers(threads)),
+                           T.WSRole("TMA", warps_lo=consumer, warps_hi=consumer + 1, max_nreg=PRODUCER_REGISTERS)],
                     pipelines=[T.WSPipeline("q", [q_tile], depth=1), T.WSPipeline("k", [k_tile], depth=stages),
                                T.WSPipeline("v", [v_tile], depth=stages)],
                     scopes=[
