@@ -151,11 +151,13 @@ def backward_unsupported(dtype: str, head_dim: int, arch: int = 90) -> str | Non
 
 def kernel_name(head_dim: int, softcap: bool, direction: str = "fwd", config: int = 0) -> str:
     """The kernel that serves this head dim: flash_{direction}_d{bucket}[_pad][_softcap][_c{config}]; direction
-    "fwd", "bwd" (the main backward kernel: configuration `config` of BWD_CONFIGS), "bwd_pre" or "bwd_post" (head dim
-    dynamic, no pad / softcap variants)."""
+    "fwd" (configuration `config` of CONFIGS; padded head dims: the default), "bwd" (the main backward kernel:
+    configuration `config` of BWD_CONFIGS), "bwd_pre" or "bwd_post" (head dim dynamic, no pad / softcap variants)."""
     d = bucket(head_dim)
     if direction in ("bwd_pre", "bwd_post"):
         return f"flash_{direction}_d{d}"
+    if direction == "fwd" and head_dim != d:
+        config = 0  # padded head dims run the default forward (OVERLAP's pipelines are TMA loads of whole rows)
     name = f"flash_{direction}_d{d}" + ("" if head_dim == d else "_pad") + ("_softcap" if softcap else "")
     return name + (f"_c{config}" if config else "")
 
@@ -223,7 +225,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     d_pad, even, has_softcap, config = _parse(kernel)
     family = _family(tilelang_target)
     block_m, block_n, stages, threads, overlap = CONFIGS[family][d_pad][config]
-    overlap = overlap and even and family == "sm90"  # TMA-fed tiles only (the schedule's pipelines are TMA loads)
+    overlap = overlap and even and family == "sm90"  # TMA-fed tiles only (kernel_name gives padded head dims c0)
     f32 = "float32"
     B, SQ, SK, HQ, HK = T.dynamic("B SQ SK HQ HK")
     D = d_pad if even else T.dynamic("D")
