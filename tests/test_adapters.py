@@ -16,6 +16,7 @@ from drivers import DRIVERS
 from subprocesses import run_python
 
 needs_jax = pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
+DEVICE_TORCH = "cuda" if DEVICE == "gpu" else "cpu"
 
 
 # ---------------------------------------------------------------------------------------------------------------- JAX
@@ -176,6 +177,29 @@ def test_torch_opcheck():
     ]:
         result = torch.library.opcheck(op, args, test_utils=utils)
         assert all(v == "SUCCESS" for v in result.values()), (op, result)
+
+
+@needs_torch
+def test_torch_compact_plans_are_keyed_by_layout():
+    """compact_key: contiguous tensors only (their plan follows from op, shapes, dtypes, device); compact_run stores
+    and finds an Executor under it; softmax of a non-contiguous input, after its compact twin, keeps the input's
+    shape and values (it takes the general path)."""
+    import torch
+
+    import tile_kernels.torch as tk
+    from tile_kernels.torch import _runtime
+
+    x = torch.randn(3, 5, device=DEVICE_TORCH)
+    key = _runtime.compact_key(test_torch_compact_plans_are_keyed_by_layout, x)
+    assert key == _runtime.compact_key(test_torch_compact_plans_are_keyed_by_layout, torch.randn(3, 5, device=x.device))
+    assert key != _runtime.compact_key(test_torch_compact_plans_are_keyed_by_layout, x.double())
+    assert _runtime.compact_key(test_torch_compact_plans_are_keyed_by_layout, x, x.t()) is None
+    assert _runtime.compact_run(None) is None and _runtime.compact_run(key) is None
+    marker = object()
+    assert _runtime.compact_run(key, marker) is marker and _runtime.compact_run(key) is marker
+    y = torch.randn(5, 3, device=x.device)
+    for z in (y.t().contiguous(), y.t()):  # the compact call first, then the transposed view of the same shape
+        torch.testing.assert_close(tk.softmax(z), torch.softmax(z, -1))
 
 
 @needs_torch

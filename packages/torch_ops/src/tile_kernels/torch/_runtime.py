@@ -208,6 +208,37 @@ def executor(builder, *args, **kwargs) -> Executor:
         return Executor(builder(*args, **kwargs))
 
 
+_COMPACT_RUNS: dict = {}  # compact_key -> the Executor of that call
+
+
+def compact_key(op, *tensors: torch.Tensor) -> tuple | None:
+    """A key for a call of `op` whose tensors are all contiguous, outside tracing: such a call's plan arguments
+    (rows, row strides) follow from the op, the shapes, dtypes and device alone, so its Executor can be found in one
+    dict lookup (compact_run) instead of as_rows, dtype names, target and executor's keyed cache. None otherwise."""
+    if _compiling():
+        return None
+    key = [op, tensors[0].device]
+    for t in tensors:
+        if not t.is_contiguous():
+            return None
+        key += (t.shape, t.dtype)
+    return tuple(key)
+
+
+def compact_run(key: tuple | None, run: Executor | None = None) -> Executor | None:
+    """The Executor stored under compact_key `key` (None if none or no key); with `run`, stores it (up to 4096)."""
+    if key is None:
+        return None
+    try:
+        if run is None:
+            return _COMPACT_RUNS.get(key)
+        if len(_COMPACT_RUNS) < 4096:
+            _COMPACT_RUNS[key] = run
+    except TypeError:  # symbolic sizes do not hash
+        pass
+    return run
+
+
 class Executor:
     """Runs one Plan over a flat list of tensors: the inputs, the buffers it allocates, the views of buffer rows its
     steps name (`Rows`, made once a call), then its launches' scalar arguments; each step picks its arguments from
