@@ -203,6 +203,27 @@ def tilelang_build(make_prim_func: Callable, target: dict, pass_configs: dict | 
         return tilelang.compile(make_prim_func(), target=target, execution_backend="tvm_ffi", pass_configs=pass_configs)
 
 
+WS_PRODUCER_REGISTERS = 24  # setmaxnreg of an explicit schedule's TMA warp group
+
+
+def ws_warps(threads: int) -> int:
+    """num_warps of an explicit warp-specialization schedule (T.WSSchedule) with `threads` consumer threads: theirs
+    and a warp group for the TMA warp (setmaxnreg acts on whole warp groups)."""
+    return threads // 32 + 4
+
+
+def ws_roles(threads: int) -> list:
+    """The roles of that schedule: "MMA", the consumer warps from warp 0, and "TMA", one warp after them. The
+    consumers' setmaxnreg is their share of the 64 Ki registers beside the TMA warp group's: a multiple of 8, at most
+    240 (two consumer warp groups: 240, three: 160)."""
+    import tilelang.language as T
+
+    warps = threads // 32
+    registers = min(240, (65536 - 128 * WS_PRODUCER_REGISTERS) // threads // 8 * 8)
+    return [T.WSRole("MMA", warps_lo=0, warps_hi=warps, max_nreg=registers),
+            T.WSRole("TMA", warps_lo=warps, warps_hi=warps + 1, max_nreg=WS_PRODUCER_REGISTERS)]  # fmt: skip
+
+
 def tilelang_function(compiled):
     """The TVM-FFI function of a TileLang build (`tilelang_build`'s JITKernel): its exported kernel entry."""
     return compiled.adapter.get_exportable_executable()[compiled.adapter.prim_func.attrs["global_symbol"]]

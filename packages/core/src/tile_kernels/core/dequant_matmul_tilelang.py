@@ -20,7 +20,7 @@ backend=None keeps the Triton kernels: this one is slower (H200, 2026-12-04, M 4
 the Triton kernel 333, cuBLAS on the dequantized weight 731; benchmarks/results/h200/notes.md).
 """
 
-from .backends import tilelang_entry_points, tilelang_target
+from .backends import tilelang_entry_points, tilelang_target, ws_roles, ws_warps
 
 DTYPES = ("float16", "bfloat16")
 ARCHS = (90,)  # compute capabilities the kernel is written for
@@ -106,9 +106,8 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict, group
         odd = [a_in_odd, codes_odd, s_odd] + ([z_odd] if has_zeros else [])
         loads = ["load_a", "load_codes", "load_s"] + (["load_z"] if has_zeros else [])
         T.annotate_ws_schedule(T.WSSchedule(
-            num_warps=threads // 32 + 4,
-            roles=[T.WSRole("MMA", warps_lo=0, warps_hi=threads // 32, max_nreg=240),
-                   T.WSRole("TMA", warps_lo=threads // 32, warps_hi=threads // 32 + 1, max_nreg=24)],
+            num_warps=ws_warps(threads),
+            roles=ws_roles(threads),
             pipelines=[T.WSPipeline("even", even, depth=stages), T.WSPipeline("odd", odd, depth=stages)],
             scopes=[
                 T.WSScope("pairs", {

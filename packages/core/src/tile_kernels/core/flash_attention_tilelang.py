@@ -62,7 +62,7 @@ bit-deterministic run to run). Configurations (BLOCK_M, BLOCK_N, stages, threads
 bucket the default, the others selected by a "_c<i>" suffix of the kernel name (the benchmark's sweep).
 """
 
-from .backends import tilelang_entry_points, tilelang_target
+from .backends import tilelang_entry_points, tilelang_target, ws_roles, ws_warps
 
 LOG2E = 1.4426950408889634
 DTYPES = ("float16", "bfloat16")
@@ -202,15 +202,6 @@ def _no_keys(dtype: str):
     return flash_fwd_no_keys
 
 
-PRODUCER_REGISTERS = 24  # setmaxnreg of an explicit schedule's TMA warp group
-
-
-def _consumer_registers(threads: int) -> int:
-    """setmaxnreg of `threads` consumer threads beside the TMA warp group: the register file's 64 Ki 32-bit registers
-    shared out, a multiple of 8, at most 240 (two consumer warp groups: 240, three: 160)."""
-    return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
-
-
 def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     """The forward prim_func `kernel` (kernel_name) for one dtype and target. Parameters: Q, K, V (reads), OUT, LSE
     (writes), scale, softcap, left, right (scalars)."""
@@ -297,11 +288,9 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
             row_sum = T.alloc_fragment((block_m,), f32)
             l = T.alloc_fragment((block_m,), f32)  # noqa: E741 - the softmax denominator's usual name
             if overlap:
-                consumer, producer = threads // 32, threads // 32 + 4  # warps: the consumers, then the TMA warp group
                 T.annotate_ws_schedule(T.WSSchedule(
-                    num_warps=producer,
-                    roles=[T.WSRole("MMA", warps_lo=0, warps_hi=consumer, max_nreg=_consumer_registers(threads)),
-                           T.WSRole("TMA", warps_lo=consumer, warps_hi=consumer + 1, max_nreg=PRODUCER_REGISTERS)],
+                    num_warps=ws_warps(threads),
+                    roles=ws_roles(threads),
                     pipelines=[T.WSPipeline("q", [q_tile], depth=1), T.WSPipeline("k", [k_tile], depth=stages),
                                T.WSPipeline("v", [v_tile], depth=stages)],
                     scopes=[
@@ -528,9 +517,8 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
 
             if schedule == "ws":
                 T.annotate_ws_schedule(T.WSSchedule(
-                    num_warps=threads // 32 + 4,
-                    roles=[T.WSRole("MMA", warps_lo=0, warps_hi=threads // 32, max_nreg=240),
-                           T.WSRole("TMA", warps_lo=threads // 32, warps_hi=threads // 32 + 1, max_nreg=24)],
+                    num_warps=ws_warps(threads),
+                    roles=ws_roles(threads),
                     pipelines=[T.WSPipeline("kv", [k_tile, v_tile], depth=1),
                                T.WSPipeline("q", [q_tile, lse], depth=stages),
                                T.WSPipeline("do", [do_tile, delta], depth=stages),

@@ -19,7 +19,7 @@ backend=None runs it on sm_90 from 128 rows (fp8_matmul.preferred_backend: the r
 torch._scaled_mm are there).
 """
 
-from .backends import tilelang_entry_points, tilelang_target
+from .backends import tilelang_entry_points, tilelang_target, ws_roles, ws_warps
 
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 ARCHS = (90,)  # compute capabilities the kernel is written for
@@ -99,11 +99,9 @@ def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict
                 b_odd = T.alloc_shared((BLOCK, BLOCK), fp8)
                 step_odd = T.alloc_fragment((bm, BLOCK), f32)
                 scale_odd = T.alloc_fragment((bm,), f32)
-                warps = threads // 32
                 T.annotate_ws_schedule(T.WSSchedule(
-                    num_warps=warps + 4,
-                    roles=[T.WSRole("MMA", warps_lo=0, warps_hi=warps, max_nreg=240),
-                           T.WSRole("TMA", warps_lo=warps, warps_hi=warps + 1, max_nreg=24)],
+                    num_warps=ws_warps(threads),
+                    roles=ws_roles(threads),
                     pipelines=[T.WSPipeline("even", [a_tile, b_tile], depth=stages),
                                T.WSPipeline("odd", [a_odd, b_odd], depth=stages)],
                     scopes=[
