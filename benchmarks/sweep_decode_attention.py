@@ -7,7 +7,10 @@ contiguous and paged (pages of 16 and 64 in a shuffled block table), each config
 output. Prints one line per configuration, the best per case last.
 
     python benchmarks/sweep_decode_attention.py [--size B,S ...] [--layout contiguous|16|64 ...] [--programs N ...]
-        [--fp8] [--default-tiles] [--out FILE]
+        [--fp8] [--default-tiles] [--pdl on|off ...] [--out FILE]
+
+--pdl off: the combine launched after the split launch finishes, not programmatically dependent on it
+(core.pdl_combine); both given: each configuration timed both ways.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def main(argv=None):
     parser.add_argument("--programs", action="append", type=int, help="split programs an SM (default: the module's)")
     parser.add_argument("--fp8", action="store_true", help="FP8 e4m3 caches")
     parser.add_argument("--default-tiles", action="store_true", help="only the default tiles (the split heuristic)")
+    parser.add_argument("--pdl", action="append", choices=("on", "off"), help="the combine's PDL (default: on)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     sizes = [tuple(map(int, s.split(","))) for s in args.size] if args.size else DECODE_SIZES
@@ -67,11 +71,14 @@ def main(argv=None):
     say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} "
         f"GB/s, {'FP8 e4m3' if args.fp8 else 'bf16'} caches")  # fmt: skip
     default_config, default_slots = core.config, (core.PROGRAMS_PER_SM, core.PAGED_PROGRAMS_PER_SM)
+    default_pdl = core.pdl_combine
 
-    def use(config, programs):
-        """The split kernel's tiles (config: core.config's function) and the model's slots (None: the module's)."""
+    def use(config, programs, pdl="on"):
+        """The split kernel's tiles (config: core.config's function), the model's slots (None: the module's) and
+        whether the combine follows programmatically (pdl "on": the module's choice)."""
         core.config = config
         core.PROGRAMS_PER_SM, core.PAGED_PROGRAMS_PER_SM = default_slots if programs is None else (programs,) * 2
+        core.pdl_combine = default_pdl if pdl == "on" else lambda splits, target: False
         _runtime._cached_executor.cache_clear()
 
     g = torch.Generator("cuda").manual_seed(0)
@@ -83,11 +90,12 @@ def main(argv=None):
         want = tk.decode_attention(*x, **kw)
         results = []
         configs = [(None, None, None), *([] if args.default_tiles else CONFIGS)]  # None: the default tiles
-        for (block_n, warps, stages), programs in itertools.product(configs, args.programs or [None]):
+        for (block_n, warps, stages), programs, pdl in itertools.product(configs, args.programs or [None],
+                                                                          args.pdl or ["on"]):  # fmt: skip
             tiles = (16, block_n, D, warps, stages)
-            use(default_config if block_n is None else lambda *a, _c=tiles, **k: _c, programs)
+            use(default_config if block_n is None else lambda *a, _c=tiles, **k: _c, programs, pdl)
             name = "default tiles" if block_n is None else (block_n, warps, stages)
-            label = f"{name} programs/SM {programs or 'default'}"
+            label = f"{name} programs/SM {programs or 'default'}" + (f" pdl {pdl}" if args.pdl else "")
             try:
                 err = (tk.decode_attention(*x, **kw).float() - want.float()).abs().max().item()
                 ms = triton.testing.do_bench_cudagraph(lambda x=x, kw=kw: tk.decode_attention(*x, **kw))

@@ -227,6 +227,17 @@ def test_split_heuristic_fills_the_gpu_for_one_long_sequence_only():
                                                  target=h200).launches] == [(128, 8, 1)]  # fmt: skip
 
 
+def test_the_combine_follows_the_split_launch_programmatically_on_sm90_only():
+    """On sm_90+ a split plan's combine is a PDL launch (Launch.pdl) and both kernels get PDL (the split lets it start,
+    the combine waits); on sm_80, AMD and the interpreter, and with one split, plain launches."""
+    for arch, warp, want in ((90, 32, True), (100, 32, True), (80, 32, False), (0, 64, False), (0, 32, False)):
+        plan = da.forward(1, 32, 8, 128, 32768, dtype="bfloat16", scale=None, target=Target(warp, 132, arch))
+        split, combine = plan.launches
+        assert (split.pdl, split.constexprs["PDL"], combine.pdl, combine.constexprs["PDL"]) == (False, want, want, want)
+    (single,) = da.forward(128, 32, 8, 128, 2048, dtype="bfloat16", scale=None, target=Target(32, 132, 90)).launches
+    assert not single.pdl and not single.constexprs["PDL"]
+
+
 # ---------------------------------------------------------------------------------------------------------------- JAX
 
 

@@ -172,11 +172,15 @@ def decode_split_kernel(
     PARTIAL_O, PARTIAL_LSE, OUT,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr, IEEE: tl.constexpr,
     SPLIT: tl.constexpr, UNIT: tl.constexpr, PAGES_A_BLOCK: tl.constexpr, E4M3_ASM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (B, Hk * cdiv(T * Hq / Hk, BLOCK_G), S). stride_kb / stride_vb: of the batch (contiguous) or of a page
     (PAGED). SPLIT (S > 1): PARTIAL_O (B, T, Hq, S, D) and PARTIAL_LSE (B, T, Hq, S) fp32, compact; else the output
     OUT (B, T, Hq, D) in q's dtype (no combine). The absent buffers are never stored to, in the compiled code either:
-    torch.compile counts a pointer the kernel's IR stores to as written, so one may stand in for another."""
+    torch.compile counts a pointer the kernel's IR stores to as written, so one may stand in for another.
+    PDL: the combine launch (Launch.pdl) may start now and wait for this one's partials there."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     scale = tl.cast(scale, tl.float32)  # torch.compile passes floats as fp64
     head_dim, stride_qb, stride_qt, stride_qh = head_dim * UNIT, stride_qb * UNIT, stride_qt * UNIT, stride_qh * UNIT
     stride_kb, stride_ks, stride_kh = stride_kb * UNIT, stride_ks * UNIT, stride_kh * UNIT
@@ -235,10 +239,13 @@ def decode_split_kernel(
 def decode_combine_kernel(
     PARTIAL_O, PARTIAL_LSE, heads_q, head_dim, num_splits,
     OUT, LSE,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, UNIT: tl.constexpr, HAS_LSE: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, UNIT: tl.constexpr, HAS_LSE: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (B * T, Hq). OUT (B, T, Hq, D) compact: the splits' outputs weighted by 2^lse, BLOCK_S splits a load.
-    HAS_LSE: also LSE (B, T, Hq) fp32, the log-sum-exp of the whole row in natural log (-inf: every split empty)."""
+    HAS_LSE: also LSE (B, T, Hq) fp32, the log-sum-exp of the whole row in natural log (-inf: every split empty).
+    PDL: launched programmatically dependent (Launch.pdl): waits for the split launch to finish first."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # the split launch has finished and its partials are visible
     head_dim = head_dim * UNIT
     row = tl.program_id(0).to(tl.int64) * heads_q + tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -287,6 +294,12 @@ def config(head_dim: int, group: int, dtype: str, target: Target, fp8: bool = Fa
         block_n = 32 if block_d > 128 or wave64 and block_g * block_d >= 32 * 128 else 64
     warps = 8 if block_g * block_d >= 32 * 128 or dtype == "float32" and block_g * block_d >= 16 * 128 else 4
     return block_g, block_n, block_d, warps, 1 if target.warp_size == 64 else 3 if fp8 else 2
+
+
+def pdl_combine(splits: int, target: Target) -> bool:
+    """Whether the combine launch follows the split launch programmatically (Launch.pdl; sm_90+): it is scheduled
+    as the split launch's last programs start, not after they finish."""
+    return splits > 1 and target.cuda_arch >= 90
 
 
 def split_count(batch: int, heads_k: int, group: int, seqlen_k: int, head_dim: int, dtype: str, target: Target,
@@ -406,7 +419,8 @@ def forward(
     writes = (None, None, "out") if splits == 1 else ("partial_o", "partial_lse", None)
     constexprs = dict(BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, PAGED=paged, IEEE=ieee, SPLIT=splits > 1,
                       PAGES_A_BLOCK=pages_a_block(page_size, block_n),
-                      E4M3_ASM=cache_dtype == FP8 and dtype != "float32" and target.cuda_arch >= 89)  # fmt: skip
+                      E4M3_ASM=cache_dtype == FP8 and dtype != "float32" and target.cuda_arch >= 89,
+                      PDL=pdl_combine(splits, target))  # fmt: skip
     split = Launch(
         decode_split_kernel,
         (batch, heads_k * cdiv(rows, block_g), splits),
@@ -421,8 +435,8 @@ def forward(
         buffers |= {"partial_o": BufferSpec((batch, tokens, heads_q, splits, head_dim), "float32"),
                     "partial_lse": BufferSpec((batch, tokens, heads_q, splits), "float32")}  # fmt: skip
         combine = Launch(decode_combine_kernel, (batch * tokens, heads_q), ("partial_o", "partial_lse", heads_q,
-                         head_dim, splits), ("out", None), dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_d, HAS_LSE=False),
-                         num_warps=2)  # fmt: skip
+                         head_dim, splits), ("out", None), dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_d, HAS_LSE=False,
+                         PDL=pdl_combine(splits, target)), num_warps=2, pdl=pdl_combine(splits, target))  # fmt: skip
         launches += (in_units(combine, "head_dim", units=UNITS),)
     return Plan(inputs, buffers, launches, ("out",))
 

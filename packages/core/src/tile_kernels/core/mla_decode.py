@@ -46,6 +46,7 @@ from .decode_attention import (
     gather,
     online_softmax,
     pages_a_block,
+    pdl_combine,
     split_range,
     splits_for,
 )
@@ -83,10 +84,14 @@ def mla_split_kernel(
     PARTIAL_O, PARTIAL_LSE, OUT, LSE,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, PAGED: tl.constexpr,
     IEEE: tl.constexpr, SPLIT: tl.constexpr, UNIT: tl.constexpr, PAGES_A_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (B, cdiv(H, BLOCK_H), S). stride_kvb / stride_kpb: of the batch (contiguous) or of a page (PAGED).
     SPLIT (S > 1): PARTIAL_O (B, H, S, Dc) and PARTIAL_LSE (B, H, S) fp32 (base-2 lse); else OUT (B, H, Dc) in q's
-    dtype and LSE (B, H) fp32 (natural log). The absent pair is never stored to (decode_split_kernel says why)."""
+    dtype and LSE (B, H) fp32 (natural log). The absent pair is never stored to (decode_split_kernel says why).
+    PDL: as decode_split_kernel's."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     scale = tl.cast(scale, tl.float32) * 1.4426950408889634  # base 2; torch.compile passes floats as fp64
     latent_dim, rope_dim = latent_dim * UNIT, rope_dim * UNIT  # plan.in_units: UNIT_ARGS
     stride_qnb, stride_qnh = stride_qnb * UNIT, stride_qnh * UNIT
@@ -238,14 +243,16 @@ def options(q_nope, q_pe, softmax_scale, backend: str = "triton", block_table=No
     return default_scale(q_nope.shape[-1], q_pe.shape[-1]) if softmax_scale is None else float(softmax_scale)
 
 
-def _combine(buffers: dict, batch: int, heads: int, latent_dim: int, splits: int, block_d: int) -> Launch:
+def _combine(buffers: dict, batch: int, heads: int, latent_dim: int, splits: int, block_d: int,
+             pdl: bool = False) -> Launch:  # fmt: skip
     """The split kernels' (B, H, S, Dc) / (B, H, S) fp32 partials, added to `buffers`, and the launch of
-    decode_attention's combine that merges them into out and lse (both backends)."""
+    decode_attention's combine that merges them into out and lse (both backends); `pdl`: after a split kernel that
+    lets it start early (decode_attention.pdl_combine)."""
     buffers |= {"partial_o": BufferSpec((batch, heads, splits, latent_dim), "float32"),
                 "partial_lse": BufferSpec((batch, heads, splits), "float32")}  # fmt: skip
     reads = ("partial_o", "partial_lse", heads, latent_dim, splits)
-    constexprs = dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_d, HAS_LSE=True)
-    combine = Launch(decode_combine_kernel, (batch, heads), reads, ("out", "lse"), constexprs, num_warps=4)
+    constexprs = dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_d, HAS_LSE=True, PDL=pdl)
+    combine = Launch(decode_combine_kernel, (batch, heads), reads, ("out", "lse"), constexprs, num_warps=4, pdl=pdl)
     return in_units(combine, "head_dim", units=UNITS)
 
 
@@ -338,11 +345,12 @@ def forward(
              default_scale(latent_dim, rope_dim) if scale is None else float(scale))  # fmt: skip
     writes = (None, None, "out", "lse") if splits == 1 else ("partial_o", "partial_lse", None, None)
     constexprs = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_R=block_r, PAGED=paged, IEEE=ieee,
-                      SPLIT=splits > 1, PAGES_A_BLOCK=pages_a_block(page_size, block_n))  # fmt: skip
+                      SPLIT=splits > 1, PAGES_A_BLOCK=pages_a_block(page_size, block_n),
+                      PDL=pdl_combine(splits, target))  # fmt: skip
     split = Launch(mla_split_kernel, (batch, cdiv(heads, block_h), splits), reads, writes, constexprs, warps, stages)
     launches = (in_units(split, *UNIT_ARGS, units=UNITS),)
     if splits > 1:
-        launches += (_combine(buffers, batch, heads, latent_dim, splits, block_c),)
+        launches += (_combine(buffers, batch, heads, latent_dim, splits, block_c, pdl_combine(splits, target)),)
     return Plan(inputs, buffers, launches, ("out", "lse"))
 
 

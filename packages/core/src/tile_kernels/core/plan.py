@@ -101,6 +101,11 @@ class Launch:
     constexprs: Mapping[str, Any] = field(default_factory=dict)
     num_warps: int = 4
     num_stages: int = 2
+    # programmatic dependent launch where the launcher has it (torch's eager launches on CUDA sm_90+): the launch may
+    # start while the previous launch of its stream runs, once all of that one's programs have called
+    # gdc_launch_dependents (or exited); its kernel calls gdc_wait before it touches the previous launch's outputs.
+    # A plain launch elsewhere (JAX, torch.compile, the interpreter), where both calls are no-ops.
+    pdl: bool = False
 
     def arguments(self, bufs: Mapping[str, Any], with_writes: bool = True) -> list:
         """Positional kernel arguments: buffers looked up in `bufs`; an absent pointer gets the launch's first buffer

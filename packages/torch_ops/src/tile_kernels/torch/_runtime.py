@@ -340,6 +340,9 @@ class _LaunchStep:
         kernel = launch.kernel
         self.grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
         self.options = dict(launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
+        self.traced_options = dict(self.options)  # torch.compile's wrap_triton launches without PDL
+        if launch.pdl and not _INTERPRETING:
+            self.options["launch_pdl"] = True  # compiled into the kernel's launcher metadata: the bound path too
         self.bound: dict = {}
         if not _INTERPRETING:  # the bound launcher takes every parameter: the constexprs follow the others (plan.py)
             defaults = {p.name: p.default for p in kernel.params}
@@ -382,7 +385,7 @@ class _LaunchStep:
             *self.constexprs)  # fmt: skip
 
     def trace(self, tensors):
-        wrap_triton(self.launch.kernel)[self.grid](*self.arguments(tensors), **self.options)
+        wrap_triton(self.launch.kernel)[self.grid](*self.arguments(tensors), **self.traced_options)
 
 
 class _CallStep:
