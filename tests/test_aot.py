@@ -15,7 +15,7 @@ from conftest import assert_in_order, needs_tilelang
 from subprocesses import run_python
 
 from tile_kernels.core import REGISTRY, aot, backends
-from tile_kernels.core.flash_attention_tilelang import BWD_CONFIGS
+from tile_kernels.core.flash_attention_tilelang import BWD_CONFIGS, CONFIGS
 
 
 def _python(*args: str):
@@ -296,7 +296,8 @@ def test_tilelang_flash_attention_overlap_schedule_issues_both_gemms_before_wait
     """The TileLang forward in an OVERLAP configuration (CONFIGS): in the steady-state loop S(t)'s and P(t-1) V(t-1)'s
     wgmmas are issued, then the wait for all but the last group, K(t)'s release after it, V(t-1)'s after the full wait;
     the producer / consumer register split; the output tile is q's."""
-    source = _sm90a_source("flash_fwd_d128_c1")
+    config = next(i for i, c in enumerate(CONFIGS["sm90"][128]) if c[4] and c[2] == 2)  # OVERLAP in 2 stages
+    source = _sm90a_source(f"flash_fwd_d128_c{config}" if config else "flash_fwd_d128")
     loop = source[source.index("for (int t = 1;") :]
     assert_in_order(loop, ("wgmma_ss<", "wgmma_rs<", "wait_wgmma<1>", "k_empty[", "wait_wgmma<0>", "v_empty["))
     assert "warpgroup_reg_alloc<240>" in source and "warpgroup_reg_dealloc<24>" in source

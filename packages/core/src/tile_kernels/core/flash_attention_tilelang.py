@@ -79,11 +79,13 @@ FAST_MATH = {"tl.enable_fast_math": True}
 # smaller. OVERLAP (sm_90a, head dims that fill their bucket; others take the default kernel): FA3's intra-warpgroup
 # order under an explicit warp-specialization schedule, 3 stages where they fit (q + 3 x (k + v)
 # = 224 KiB at head dim 128), FA3's 128 x 176 tiles at head dim 128 (208 KiB) and 192 x 128 at 64 (three consumer
-# warp groups at 160 registers). Built for sm_90a without spills, not yet timed.
+# warp groups at 160 registers). Built for sm_90a without spills. Head dim 128's default is OVERLAP in 3 stages:
+# H100, 2026-12-06, bf16 4 x 8192 x 32 heads, 7.51 / 4.05 ms non-causal / causal against 8.05 / 4.60 for the
+# synchronous 128 x 128 (benchmarks/results/h200/notes.md); at 64 none beat it (0.240-0.252 against 0.241 ms).
 CONFIGS = {
     "sm90": {64: [(128, 128, 2, 256, False), (128, 128, 2, 256, True), (128, 128, 3, 256, True),
                   (192, 128, 2, 384, True)],
-             128: [(128, 128, 2, 256, False), (128, 128, 2, 256, True), (128, 128, 3, 256, True),
+             128: [(128, 128, 3, 256, True), (128, 128, 2, 256, False), (128, 128, 2, 256, True),
                    (128, 176, 2, 256, True)],
              256: [(128, 64, 2, 256, False), (128, 64, 2, 256, True)]},
     "sm80": {64: [(128, 64, 2, 128, False)], 128: [(128, 64, 2, 256, False)], 256: [(64, 32, 2, 128, False)]},
@@ -215,8 +217,10 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
         return _bwd(kernel, dtype, tilelang_target)
     d_pad, even, has_softcap, config = _parse(kernel)
     family = _family(tilelang_target)
-    block_m, block_n, stages, threads, overlap = CONFIGS[family][d_pad][config]
-    overlap = overlap and even and family == "sm90"  # TMA-fed tiles only (kernel_name gives padded head dims c0)
+    configs = CONFIGS[family][d_pad]
+    # OVERLAP takes TMA-fed tiles only: padded head dims (kernel_name gives them c0) run the first synchronous one
+    block_m, block_n, stages, threads, overlap = configs[config] if even else next(c for c in configs if not c[4])
+    overlap = overlap and family == "sm90"
     f32 = "float32"
     B, SQ, SK, HQ, HK = T.dynamic("B SQ SK HQ HK")
     D = d_pad if even else T.dynamic("D")
