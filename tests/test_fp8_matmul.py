@@ -189,8 +189,8 @@ def test_tilelang_paired_schedule_promotes_beside_the_other_steps_wgmma():
 @needs_torch
 @pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on Hopper GPUs")
 @pytest.mark.parametrize("config", [c for c in sorted(f8.fp8_matmul_tilelang.CONFIGS) if c != "default"])
-@pytest.mark.parametrize("shape, seed", [((300, 256), 2), ((129, 384, 128), 0), ((256, 1024, 384), 0)])
-def test_tilelang_configurations_match_the_reference(config, shape, seed):
+@pytest.mark.parametrize("shape, seed, blocks", [((300, 256), 2, 1), ((129, 384, 128), 0, 3), ((256, 1024, 384), 0, 8)])
+def test_tilelang_configurations_match_the_reference(config, shape, seed, blocks):
     """Each non-default configuration (the sweep's candidates) against the float64 reference: one (sample draws K
     for a 2-D shape: 128 with seed 2), an odd number (the paired schedule's last step past K) and an even number of K
     blocks, rows past a tile."""
@@ -202,6 +202,7 @@ def test_tilelang_configurations_match_the_reference(config, shape, seed):
         pytest.skip("the TileLang kernel is written for sm_90")
     kwargs = f8.sample(np.random.default_rng(seed), shape, "bfloat16")
     (m, k), n = kwargs["a"].shape, kwargs["b"].shape[0]
+    assert k == blocks * f8.BLOCK, f"sample drew K = {k}: pick the seed again"
     operands = _torch(kwargs)
     plan = f8.compiled_forward("tilelang", m, n, k, out_dtype="bfloat16", arch=90, target=target(operands[0].device),
                                tile_config=config)  # fmt: skip

@@ -413,14 +413,14 @@ def forward(
     sv = tuple(strides_v) if strides_v is not None else compact
     stride_bt = (seqlen_k // page_size if stride_bt is None else stride_bt) if paged else 0
     ieee = ieee_dots(dtype)
+    pdl = pdl_combine(splits, target)
     reads = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table" if paged else None, tokens, heads_q, heads_k,
              head_dim, seqlen_k, page_size if paged else seqlen_k, stride_bt, *sq, *sk, *sv,
              default_scale(head_dim) if scale is None else float(scale), float(v_scale))  # fmt: skip
     writes = (None, None, "out") if splits == 1 else ("partial_o", "partial_lse", None)
     constexprs = dict(BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, PAGED=paged, IEEE=ieee, SPLIT=splits > 1,
-                      PAGES_A_BLOCK=pages_a_block(page_size, block_n),
-                      E4M3_ASM=cache_dtype == FP8 and dtype != "float32" and target.cuda_arch >= 89,
-                      PDL=pdl_combine(splits, target))  # fmt: skip
+                      PAGES_A_BLOCK=pages_a_block(page_size, block_n), PDL=pdl,
+                      E4M3_ASM=cache_dtype == FP8 and dtype != "float32" and target.cuda_arch >= 89)  # fmt: skip
     split = Launch(
         decode_split_kernel,
         (batch, heads_k * cdiv(rows, block_g), splits),
@@ -436,7 +436,7 @@ def forward(
                     "partial_lse": BufferSpec((batch, tokens, heads_q, splits), "float32")}  # fmt: skip
         combine = Launch(decode_combine_kernel, (batch * tokens, heads_q), ("partial_o", "partial_lse", heads_q,
                          head_dim, splits), ("out", None), dict(BLOCK_S=COMBINE_SPLITS, BLOCK_D=block_d, HAS_LSE=False,
-                         PDL=pdl_combine(splits, target)), num_warps=2, pdl=pdl_combine(splits, target))  # fmt: skip
+                         PDL=pdl), num_warps=2, pdl=pdl)  # fmt: skip
         launches += (in_units(combine, "head_dim", units=UNITS),)
     return Plan(inputs, buffers, launches, ("out",))
 

@@ -76,7 +76,8 @@ FAST_MATH = {"tl.enable_fast_math": True}
 # default, the others selected by a "_c<i>" suffix of the kernel name (the sweep's candidates). sm_90a: 128 x 128
 # tiles, two consumer warp groups (TileLang adds the producer); the 256 bucket halves BLOCK_N to fit 227 KiB of shared
 # memory (q 64 KiB + 2 stages of k, v 32 KiB each; the output tile reuses q's). sm_80 (163 KiB) / gfx942 (64 KiB LDS):
-# smaller. OVERLAP (sm_90a, head dims that fill their bucket; others take the default kernel): FA3's intra-warpgroup
+# smaller. OVERLAP (sm_90a, head dims that fill their bucket; padded ones take the first synchronous configuration):
+# FA3's intra-warpgroup
 # order under an explicit warp-specialization schedule, 3 stages where they fit (q + 3 x (k + v)
 # = 224 KiB at head dim 128), FA3's 128 x 176 tiles at head dim 128 (208 KiB) and 192 x 128 at 64 (three consumer
 # warp groups at 160 registers). Built for sm_90a without spills. Head dim 128's default is OVERLAP in 3 stages:
@@ -153,13 +154,14 @@ def backward_unsupported(dtype: str, head_dim: int, arch: int = 90) -> str | Non
 
 def kernel_name(head_dim: int, softcap: bool, direction: str = "fwd", config: int = 0) -> str:
     """The kernel that serves this head dim: flash_{direction}_d{bucket}[_pad][_softcap][_c{config}]; direction
-    "fwd" (configuration `config` of CONFIGS; padded head dims: the default), "bwd" (the main backward kernel:
-    configuration `config` of BWD_CONFIGS), "bwd_pre" or "bwd_post" (head dim dynamic, no pad / softcap variants)."""
+    "fwd" (configuration `config` of CONFIGS; padded head dims: c0, built as the first synchronous one), "bwd" (the
+    main backward kernel: configuration `config` of BWD_CONFIGS), "bwd_pre" or "bwd_post" (head dim dynamic, no pad /
+    softcap variants)."""
     d = bucket(head_dim)
     if direction in ("bwd_pre", "bwd_post"):
         return f"flash_{direction}_d{d}"
     if direction == "fwd" and head_dim != d:
-        config = 0  # padded head dims run the default forward (OVERLAP's pipelines are TMA loads of whole rows)
+        config = 0  # one padded kernel: prim_func gives it the first synchronous configuration (OVERLAP loads by TMA)
     name = f"flash_{direction}_d{d}" + ("" if head_dim == d else "_pad") + ("_softcap" if softcap else "")
     return name + (f"_c{config}" if config else "")
 

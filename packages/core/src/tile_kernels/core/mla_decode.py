@@ -340,17 +340,17 @@ def forward(
     skp = tuple(strides_k_pe) if strides_k_pe is not None else (positions * rope_dim, rope_dim)
     stride_bt = (seqlen_k // page_size if stride_bt is None else stride_bt) if paged else 0
     ieee = ieee_dots(dtype)
+    pdl = pdl_combine(splits, target)
     reads = ("q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens", "block_table" if paged else None, heads, latent_dim,
              rope_dim, seqlen_k, page_size if paged else seqlen_k, stride_bt, *sqn, *sqp, *skv, *skp,
              default_scale(latent_dim, rope_dim) if scale is None else float(scale))  # fmt: skip
     writes = (None, None, "out", "lse") if splits == 1 else ("partial_o", "partial_lse", None, None)
     constexprs = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_R=block_r, PAGED=paged, IEEE=ieee,
-                      SPLIT=splits > 1, PAGES_A_BLOCK=pages_a_block(page_size, block_n),
-                      PDL=pdl_combine(splits, target))  # fmt: skip
+                      SPLIT=splits > 1, PAGES_A_BLOCK=pages_a_block(page_size, block_n), PDL=pdl)  # fmt: skip
     split = Launch(mla_split_kernel, (batch, cdiv(heads, block_h), splits), reads, writes, constexprs, warps, stages)
     launches = (in_units(split, *UNIT_ARGS, units=UNITS),)
     if splits > 1:
-        launches += (_combine(buffers, batch, heads, latent_dim, splits, block_c, pdl_combine(splits, target)),)
+        launches += (_combine(buffers, batch, heads, latent_dim, splits, block_c, pdl),)
     return Plan(inputs, buffers, launches, ("out", "lse"))
 
 
