@@ -415,7 +415,9 @@ def test_flash_attention_tilelang_plan_matches_the_triton_forward(head_dim, kern
             continue
         assert call.reads == ("q", "k", "v")
         assert call.key == f"tile_kernels_tilelang_{kernel}{'_softcap' if softcap else ''}_bfloat16_sm90"
-        assert call.attrs == dict(scale=fa_core.default_scale(head_dim), softcap=softcap or 1.0, left=7, right=0)
+        # the 12 (query head, batch entry) groups stream less than L2 holds: one chunk
+        assert call.attrs == dict(scale=fa_core.default_scale(head_dim), softcap=softcap or 1.0, left=7, right=0,
+                                  chunk=12)  # fmt: skip
 
 
 @gpu_only
@@ -476,6 +478,26 @@ def test_torch_flash_attention_tilelang_matches_triton(
         assert_close(f"d{name}", grad.double().cpu().numpy(), ref_grads[name], dtype)
 
 
+def test_flash_attention_program_chunks_divide_the_groups_and_fit_l2():
+    """The grid's chunk of groups: a divisor of the groups, the largest whose operands fit L2_CHUNK_BYTES (1 when even
+    one does not), never leaving more than 65535 chunks (a grid dimension)."""
+    from tile_kernels.core import flash_attention as fa_core
+
+    mib = 2**20
+    assert fa_core.program_chunk(12, mib) == 12 and fa_core.program_chunk(12, 5 * mib) == 6
+    assert fa_core.program_chunk(12, 40 * mib) == 1 and fa_core.program_chunk(131, 2**10) == 131
+    assert fa_core.program_chunk(131, 2 * mib) == 1 and fa_core.program_chunk(2 * 65537, 40 * mib) == 65537
+    for groups in (1, 7, 96, 1000, 4096):
+        for group_bytes in (1, 3 * mib, 64 * mib):
+            chunk = fa_core.program_chunk(groups, group_bytes)
+            assert groups % chunk == 0 and (chunk == 1 or chunk * group_bytes <= fa_core.L2_CHUNK_BYTES)
+            bigger = range(chunk + 1, groups + 1)
+            assert not any(groups % c == 0 and c * group_bytes <= fa_core.L2_CHUNK_BYTES for c in bigger)
+    # Llama-3.2-1B's attention (B 4, S 2048, 32 / 8 heads of 64): every query group in one chunk; the TileLang
+    # backward's 32 key/value groups (4 MiB of q, dO and the dQ accumulator each) in chunks of 8
+    assert fa_core.query_chunk(4, 2048, 32, 8, 64) == 128 and fa_core.key_chunk(4, 2048, 32, 8, 64, True) == 8
+
+
 def test_flash_attention_tilelang_backward_plan_matches_the_triton_backward():
     """The same inputs and outputs as the Triton backward: delta (and lse with rows padded to whole query blocks), the
     dK / dV kernel with dQ summed in place into a zeroed fp32 accumulator (read and written by one call), dQ from it;
@@ -506,7 +528,8 @@ def test_flash_attention_tilelang_backward_plan_matches_the_triton_backward():
             assert main.reads == ("q", "k", "v", "dout", "lse_pad", "delta", "dq_acc")
             assert main.writes == ("dk", "dv", "dq_acc")
             assert main.key == f"tile_kernels_tilelang_{kernel}{'_softcap' if softcap else ''}_float16_sm90"
-            assert main.attrs == dict(scale=fa_core.default_scale(head_dim), softcap=softcap or 1.0, left=7, right=0)
+            assert main.attrs == dict(scale=fa_core.default_scale(head_dim), softcap=softcap or 1.0, left=7, right=0,
+                                      chunk=6)  # fmt: skip
             assert (post.reads, post.writes, post.attrs) == (("dq_acc",), ("dq",), {"scale": main.attrs["scale"]})
     assert fa_tl.backward_unsupported("bfloat16", 128) is None
     assert "sm_90a only, got sm_80" in fa_tl.backward_unsupported("bfloat16", 128, 80)
@@ -668,6 +691,49 @@ def test_torch_flash_attention_tilelang_forward_configurations_match_reference(
                       window=window, softmax_scale=None, softcap=softcap)  # fmt: skip
         assert not torch.isnan(out).any()
         assert_close("out", out.double().cpu().numpy(), fa_core.reference(**kwargs)[0], "bfloat16")
+
+
+@gpu_only
+@pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
+@pytest.mark.parametrize("head_dim", [64, 128, 96])
+@pytest.mark.parametrize("chunk_bytes", [1, 300 * 2**10, 3 * 2**20])
+def test_torch_flash_attention_tilelang_program_order_leaves_results_unchanged(monkeypatch, head_dim, chunk_bytes):
+    """The grids' chunks of groups (program_chunk) only order the programs: with L2_CHUNK_BYTES lowered to give
+    chunks of 1 group (each group's tiles in turn) or 2 to 4 (several chunks), out, lse, dk and dv equal those of one
+    chunk bit for bit, dq (fp32 atomics in another order) to rounding; causal, GQA 3, 12 forward / 4 backward
+    groups."""
+    import torch
+
+    from tile_kernels.core import flash_attention as fa_core
+    from tile_kernels.torch._runtime import Executor
+
+    batch, seqlen, heads_q, heads_k = 2, 700, 6, 2
+    gen = torch.Generator(device="cuda").manual_seed(head_dim + chunk_bytes % 1000)
+    q, k, v, dout = (torch.randn(batch, seqlen, h, head_dim, device="cuda", generator=gen).to(torch.bfloat16)
+                     for h in (heads_q, heads_k, heads_k, heads_q))  # fmt: skip
+    shape = (batch, seqlen, seqlen, heads_q, heads_k, head_dim)
+    opts = dict(dtype="bfloat16", causal=True, window=(-1, -1), scale=None, softcap=0.0, arch=90)
+
+    def run():
+        fwd, bwd = (
+            fa_core.compiled_forward("tilelang", *shape, **opts),
+            fa_core.compiled_backward("tilelang", *shape, **opts),
+        )
+        out, lse = Executor(fwd)(q, k, v, device=q.device)
+        grads = Executor(bwd)(q, k, v, out, dout, lse, device=q.device)
+        chunks = fwd.launches[0].attrs["chunk"], bwd.launches[1].attrs["chunk"]
+        return (out, lse, *grads), chunks
+
+    want, whole = run()
+    assert whole == (12, 4)
+    monkeypatch.setattr(fa_core, "L2_CHUNK_BYTES", chunk_bytes)
+    got, chunks = run()
+    assert chunks != whole, chunks
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        if name == "dq":
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2, msg=name)
+        else:
+            assert torch.equal(a, b), name
 
 
 @gpu_only

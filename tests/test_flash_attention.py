@@ -89,6 +89,24 @@ def test_rows_that_see_no_key_give_zeros_not_nan(driver, dtype):
             assert_close(f"d{name}", grads[name], ref, dtype)
 
 
+@pytest.mark.parametrize("chunk_bytes, chunks", [(1, (1, 1)), (4000, (2, 1)), (30000, (12, 2))])
+def test_programs_in_chunks_of_groups_give_the_reference(driver, monkeypatch, chunk_bytes, chunks):
+    """The grids' chunks of groups (program_chunk, L2_CHUNK_BYTES lowered): one group a chunk (each group's tiles in
+    turn) or several chunks of several; B 2, Hq 6, Hk 2: 12 (query head, batch entry) groups, 4 key/value ones."""
+    monkeypatch.setattr(fa, "L2_CHUNK_BYTES", chunk_bytes)
+    batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim = 2, 70, 90, 6, 2, 16
+    assert (fa.query_chunk(batch, seqlen_k, heads_q, heads_k, head_dim),
+            fa.key_chunk(batch, seqlen_q, heads_q, heads_k, head_dim)) == chunks  # fmt: skip
+    rng = np.random.default_rng(chunk_bytes)
+    q, k, v = _qkv(rng, batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim)
+    kwargs = dict(q=q, k=k, v=v, causal=True, window=(-1, -1), softmax_scale=None, softcap=0.0)
+    dout = round_to(rng.standard_normal(q.shape), "float32")
+    (out,), grads = driver.vjp(fa.NAME, kwargs, ("q", "k", "v"), (dout,))
+    assert_close("out", out, fa.reference(**kwargs)[0], "float32")
+    for name, ref in fa.reference_vjp(kwargs, (dout,)).items():
+        assert_close(f"d{name}", grads[name], ref, "float32")
+
+
 def test_explicit_scale_and_non_power_of_two_head_dim(driver):
     rng = np.random.default_rng(2)
     q, k, v = _qkv(rng, 1, 33, 47, 6, 2, 40, "float16")

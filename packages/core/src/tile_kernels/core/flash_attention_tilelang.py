@@ -21,8 +21,8 @@ choice per target, no Hopper-only path is written here. A head dim below its buc
 float16 / bfloat16 (`unsupported` says why another input cannot run: float32 would run its products in TF32).
 
 Design limits: sequence lengths below 2^31 (TMA coordinates and the band arithmetic are int32; the padded kernels'
-offsets are int64); B and Hq up to 65535 (grid dims y, z); TMA needs 16-byte aligned bases (torch / JAX allocations
-are).
+offsets are int64); Sq / BLOCK_M and Hq B / chunk up to 65535 (grid dims y, z); TMA needs 16-byte
+aligned bases (torch / JAX allocations are).
 
 Performance (H200, 2026-11-29, bf16 4x8192x32x128): 535 TFLOP/s forward (77% of the measured GEMM ceiling; causal
 490), against the Triton forward's 488 and cuDNN's 590. What TileLang 0.1.15 generates for sm_90a (the .cu that
@@ -97,7 +97,7 @@ CONFIGS = {
 # Backward (BLOCK_M queries per step, BLOCK_N keys per program, stages, threads, SCHEDULE) per family and bucket; the
 # first is the default. sm_90a: two consumer warp groups of 64 key rows each (plus the producer); shared memory at head
 # dim 128: K, V 32 KiB each, 2 stages of Q, dO 16 KiB each, dS^T 16 KiB, the dQ tile 32 KiB (fp32) ~ 177 KiB.
-# SCHEDULE (kernels with softcap run "sync"; "ws" needs EVEN and sm_90a, else "sync"):
+# SCHEDULE (kernels with softcap run "sync"; "ws" needs EVEN and sm_90a, else "async"):
 #   "sync"   TileLang's automatic warp specialization, every wgmma waited for.
 #   "async"  the same, with S^T's and dP^T's wgmmas issued together and P^T computed while dP^T's runs. On an H100
 #            (causal, bf16, 2026-12-05, benchmarks/sweep_flash_attention_tilelang_bwd.py) 13.58 -> 13.22 ms at head
@@ -106,15 +106,17 @@ CONFIGS = {
 #            after the wgmmas reading it are waited for: per step S^T, dP^T issued; P^T once S^T is in; dV issued;
 #            dS^T once dP^T is in (dV still running); dK and dQ issued; one wait for the three. The TMA warp adds each
 #            dQ tile into the accumulator a step behind (a two-deep dQ pipeline), and dK, dV leave through K's and V's
-#            tiles. Built for sm_90a without spills (the 128 x 128 tiles at head dim 64 spill 48 B), not yet timed.
+#            tiles. Built for sm_90a without spills (the 128 x 128 tiles at head dim 64 spill 48 B). Head dim 128's
+#            default: H100, 2026-12-06, bf16 4 x 8192 x 32 heads, 22.72 / 12.70 ms non-causal / causal against 24.17 /
+#            13.17 for "async"; at 64 within 1% of "async" (0.761 against 0.766 ms), which stays.
 # sm_80 / gfx942: one row split for all five GEMMs (4 warps of 16 key rows: the layouts of S^T and of dS^T as an
 # operand agree), smaller tiles; lowered and built by the AOT matrix, not measured.
 BWD_HEAD_DIMS = (64, 128)
 BWD_CONFIGS = {
     "sm90": {64: [(128, 128, 2, 256, "async"), (128, 128, 2, 256, "sync"), (64, 128, 2, 256, "sync"),
                   (64, 128, 3, 256, "sync"), (128, 128, 2, 256, "ws"), (64, 128, 2, 256, "ws")],
-             128: [(64, 128, 2, 256, "async"), (64, 128, 2, 256, "sync"), (64, 128, 3, 256, "sync"),
-                   (64, 128, 2, 256, "ws")]},
+             128: [(64, 128, 2, 256, "ws"), (64, 128, 2, 256, "async"), (64, 128, 2, 256, "sync"),
+                   (64, 128, 3, 256, "sync")]},
     "sm80": {64: [(64, 64, 2, 128, "sync")], 128: [(32, 64, 2, 128, "sync")]},
     "hip": {64: [(32, 64, 1, 256, "sync")], 128: [(32, 64, 1, 256, "sync")]},
 }  # fmt: skip
@@ -208,7 +210,7 @@ def _no_keys(dtype: str):
 
 def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     """The forward prim_func `kernel` (kernel_name) for one dtype and target. Parameters: Q, K, V (reads), OUT, LSE
-    (writes), scale, softcap, left, right (scalars)."""
+    (writes), scale, softcap, left, right, chunk (scalars; chunk: flash_attention.query_chunk)."""
     import tilelang.language as T
 
     if kernel == NO_KEYS_KERNEL:
@@ -281,8 +283,10 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
         softcap: T.float32,
         left: T.int32,
         right: T.int32,
+        chunk: T.int32,
     ):
-        with T.Kernel(T.ceildiv(SQ, block_m), HQ, B, threads=threads) as (bx, h, b):
+        # program order (flash_attention.query_chunk): a chunk's groups at each query block from the last
+        with T.Kernel(chunk, T.ceildiv(SQ, block_m), HQ * B // chunk, threads=threads) as (gx, tile, cz):
             q_tile = T.alloc_shared((block_m, d_pad), dtype)
             k_tile = T.alloc_shared((block_n, d_pad), dtype)
             v_tile = T.alloc_shared((block_n, d_pad), dtype)
@@ -319,7 +323,10 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                     ],
                 ))  # fmt: skip
                 with T.ws_op("bounds"):
-                    m0 = (T.ceildiv(SQ, block_m) - 1 - bx) * block_m  # the last query blocks first, as the default loop
+                    mb = T.ceildiv(SQ, block_m) - 1 - tile  # the longest causal bands first
+                    h = (cz * chunk + gx) % HQ
+                    b = (cz * chunk + gx) // HQ
+                    m0 = mb * block_m
                     hk = h // (HQ // HK)
                     first = T.max(m0 + SK - SQ - left, 0) // block_n
                     blocks = T.max(T.ceildiv(T.min(m0 + block_m + SK - SQ + right, SK), block_n), first + 1) - first
@@ -356,7 +363,9 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                     finish(acc, l, m, q_tile, OUT, LSE, b, h, m0)
             else:
                 o_tile = T.alloc_shared((block_m, d_pad), dtype)
-                mb = T.ceildiv(SQ, block_m) - 1 - bx  # the last query blocks (the longest causal bands) start first
+                mb = T.ceildiv(SQ, block_m) - 1 - tile  # the longest causal bands first
+                h = (cz * chunk + gx) % HQ
+                b = (cz * chunk + gx) // HQ
                 hk = h // (HQ // HK)
                 m0 = mb * block_m
                 # key blocks [first, last) hold every key a row of this block sees; at least one (the loop's first
@@ -443,16 +452,18 @@ def _bwd_post(d_pad: int, dtype: str):
 
 
 def _bwd(kernel: str, dtype: str, tilelang_target: dict):
-    """The main backward kernel (see the module doc); grid (cdiv(Sk, BLOCK_N), Hk, B). Parameters: Q, K, V, DOUT, LSE,
-    DELTA (flash_bwd_pre's padded rows), DQ_IN (reads), DK, DV, DQ_ACC (writes; DQ_IN and DQ_ACC are one buffer,
-    updated in place), scale, softcap, left, right."""
+    """The main backward kernel (see the module doc); grid (chunk, cdiv(Sk, BLOCK_N), Hk B / chunk). Parameters: Q,
+    K, V, DOUT, LSE, DELTA (flash_bwd_pre's padded rows), DQ_IN (reads), DK, DV, DQ_ACC (writes; DQ_IN and DQ_ACC are
+    one buffer, updated in place), scale, softcap, left, right, chunk (flash_attention.key_chunk)."""
     import tilelang.language as T
 
     d_pad, even, has_softcap, config = _parse(kernel)
     family = _family(tilelang_target)
     block_m, block_n, stages, threads, schedule = BWD_CONFIGS[family][d_pad][config]
-    if has_softcap or (schedule == "ws" and not (even and family == "sm90")):
-        schedule = "sync"  # softcap's dS^T needs tanh(S^T) beside P^T; "ws" pipelines TMA loads (sm_90a, EVEN) only
+    if schedule == "ws" and not (even and family == "sm90"):
+        schedule = "async"  # "ws" pipelines TMA loads (sm_90a, EVEN) only
+    if has_softcap:
+        schedule = "sync"  # softcap's dS^T needs tanh(S^T) beside P^T
     overlap = schedule == "async"
     dq_tma = family == "sm90"  # one TMA reduce-add per dQ tile (cp.reduce.async.bulk.tensor); atomics elsewhere
     f32 = "float32"
@@ -502,8 +513,10 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
         softcap: T.float32,
         left: T.int32,
         right: T.int32,
+        chunk: T.int32,
     ):
-        with T.Kernel(T.ceildiv(SK, block_n), HK, B, threads=threads) as (nb, hk, b):
+        # program order (flash_attention.key_chunk): a chunk's groups at each key block from the first
+        with T.Kernel(chunk, T.ceildiv(SK, block_n), HK * B // chunk, threads=threads) as (gx, nb, cz):
             k_tile = T.alloc_shared((block_n, d_pad), dtype)
             v_tile = T.alloc_shared((block_n, d_pad), dtype)
             q_tile = T.alloc_shared((block_m, d_pad), dtype)
@@ -553,6 +566,8 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
                     ],
                 ))  # fmt: skip
                 with T.ws_op("bounds"):
+                    hk = (cz * chunk + gx) % HK
+                    b = (cz * chunk + gx) // HK
                     n0 = nb * block_n
                     # as below
                     first = T.min(T.max(n0 - SK + SQ - right, 0) // block_m, T.ceildiv(SQ, block_m) - 1)
@@ -609,6 +624,8 @@ def _bwd(kernel: str, dtype: str, tilelang_target: dict):
                 dk_tile = T.alloc_shared((block_n, d_pad), dtype)
                 dv_tile = T.alloc_shared((block_n, d_pad), dtype)
                 group = HQ // HK
+                hk = (cz * chunk + gx) % HK
+                b = (cz * chunk + gx) // HK
                 n0 = nb * block_n
                 # bottom-right alignment: key j is seen by queries [j - shift - right, j - shift + left]
                 shift = SK - SQ
