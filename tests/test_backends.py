@@ -415,9 +415,7 @@ def test_flash_attention_tilelang_plan_matches_the_triton_forward(head_dim, kern
             continue
         assert call.reads == ("q", "k", "v")
         assert call.key == f"tile_kernels_tilelang_{kernel}{'_softcap' if softcap else ''}_bfloat16_sm90"
-        # the 12 (query head, batch entry) groups stream less than L2 holds: one chunk
-        assert call.attrs == dict(scale=fa_core.default_scale(head_dim), softcap=softcap or 1.0, left=7, right=0,
-                                  chunk=12)  # fmt: skip
+        assert call.attrs == dict(scale=fa_core.default_scale(head_dim), softcap=softcap or 1.0, left=7, right=0)
 
 
 @gpu_only
@@ -493,9 +491,9 @@ def test_flash_attention_program_chunks_divide_the_groups_and_fit_l2():
             assert groups % chunk == 0 and (chunk == 1 or chunk * group_bytes <= fa_core.L2_CHUNK_BYTES)
             bigger = range(chunk + 1, groups + 1)
             assert not any(groups % c == 0 and c * group_bytes <= fa_core.L2_CHUNK_BYTES for c in bigger)
-    # Llama-3.2-1B's attention (B 4, S 2048, 32 / 8 heads of 64): every query group in one chunk; the TileLang
-    # backward's 32 key/value groups (4 MiB of q, dO and the dQ accumulator each) in chunks of 8
-    assert fa_core.query_chunk(4, 2048, 32, 8, 64) == 128 and fa_core.key_chunk(4, 2048, 32, 8, 64, True) == 8
+    # Llama-3.2-1B's attention (B 4, S 2048, 32 / 8 heads of 64): the TileLang backward's 32 key/value groups (4 MiB
+    # of q, dO and the dQ accumulator each) in chunks of 8
+    assert fa_core.key_chunk(4, 2048, 32, 8, 64, accumulator=True) == 8
 
 
 def test_flash_attention_tilelang_backward_plan_matches_the_triton_backward():
@@ -528,6 +526,7 @@ def test_flash_attention_tilelang_backward_plan_matches_the_triton_backward():
             assert main.reads == ("q", "k", "v", "dout", "lse_pad", "delta", "dq_acc")
             assert main.writes == ("dk", "dv", "dq_acc")
             assert main.key == f"tile_kernels_tilelang_{kernel}{'_softcap' if softcap else ''}_float16_sm90"
+            # the 6 (key/value head, batch entry) groups stream less than L2 holds: one chunk
             assert main.attrs == dict(scale=fa_core.default_scale(head_dim), softcap=softcap or 1.0, left=7, right=0,
                                       chunk=6)  # fmt: skip
             assert (post.reads, post.writes, post.attrs) == (("dq_acc",), ("dq",), {"scale": main.attrs["scale"]})
@@ -695,45 +694,37 @@ def test_torch_flash_attention_tilelang_forward_configurations_match_reference(
 
 @gpu_only
 @pytest.mark.skipif("torch" not in DRIVERS, reason="torch not installed")
-@pytest.mark.parametrize("head_dim", [64, 128, 96])
-@pytest.mark.parametrize("chunk_bytes", [1, 300 * 2**10, 3 * 2**20])
-def test_torch_flash_attention_tilelang_program_order_leaves_results_unchanged(monkeypatch, head_dim, chunk_bytes):
-    """The grids' chunks of groups (program_chunk) only order the programs: with L2_CHUNK_BYTES lowered to give
-    chunks of 1 group (each group's tiles in turn) or 2 to 4 (several chunks), out, lse, dk and dv equal those of one
-    chunk bit for bit, dq (fp32 atomics in another order) to rounding; causal, GQA 3, 12 forward / 4 backward
-    groups."""
+@pytest.mark.parametrize("head_dim, chunk_bytes, chunk", [(64, 1, 1), (64, 3 * 2**20, 2), (128, 1, 1),
+                                                       (128, 5 * 2**20, 2), (96, 5 * 2**20, 2)])  # fmt: skip
+def test_torch_flash_attention_tilelang_backward_program_order_leaves_results_unchanged(
+    monkeypatch, head_dim, chunk_bytes, chunk
+):  # fmt: skip
+    """The backward grid's chunks of groups (key_chunk) only order the programs: with L2_CHUNK_BYTES lowered to give
+    chunks of 1 group (each group's key blocks in turn) or of 2, dk and dv equal those of one chunk of all 4 groups
+    bit for bit, dq (fp32 atomics in another order) to rounding; causal, GQA 3."""
     import torch
 
     from tile_kernels.core import flash_attention as fa_core
     from tile_kernels.torch._runtime import Executor
 
     batch, seqlen, heads_q, heads_k = 2, 700, 6, 2
-    gen = torch.Generator(device="cuda").manual_seed(head_dim + chunk_bytes % 1000)
+    gen = torch.Generator(device="cuda").manual_seed(head_dim + chunk)
     q, k, v, dout = (torch.randn(batch, seqlen, h, head_dim, device="cuda", generator=gen).to(torch.bfloat16)
                      for h in (heads_q, heads_k, heads_k, heads_q))  # fmt: skip
     shape = (batch, seqlen, seqlen, heads_q, heads_k, head_dim)
     opts = dict(dtype="bfloat16", causal=True, window=(-1, -1), scale=None, softcap=0.0, arch=90)
+    out, lse = Executor(fa_core.compiled_forward("tilelang", *shape, **opts))(q, k, v, device=q.device)
 
-    def run():
-        fwd, bwd = (
-            fa_core.compiled_forward("tilelang", *shape, **opts),
-            fa_core.compiled_backward("tilelang", *shape, **opts),
-        )
-        out, lse = Executor(fwd)(q, k, v, device=q.device)
-        grads = Executor(bwd)(q, k, v, out, dout, lse, device=q.device)
-        chunks = fwd.launches[0].attrs["chunk"], bwd.launches[1].attrs["chunk"]
-        return (out, lse, *grads), chunks
+    def backward():
+        plan = fa_core.compiled_backward("tilelang", *shape, **opts)
+        return plan.launches[1].attrs["chunk"], Executor(plan)(q, k, v, out, dout, lse, device=q.device)
 
-    want, whole = run()
-    assert whole == (12, 4)
+    whole, want = backward()
     monkeypatch.setattr(fa_core, "L2_CHUNK_BYTES", chunk_bytes)
-    got, chunks = run()
-    assert chunks != whole, chunks
-    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, want):
-        if name == "dq":
-            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2, msg=name)
-        else:
-            assert torch.equal(a, b), name
+    got_chunk, got = backward()
+    assert (whole, got_chunk) == (4, chunk)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-2, atol=1e-2, msg="dq")
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
 
 
 @gpu_only

@@ -189,15 +189,15 @@ def flash_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     SOFTCAP: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Grid (chunk, cdiv(Sq, BLOCK_M), B * Hq / chunk) (query_chunk). OUT (B, Sq, Hq, D) compact, LSE (B, Hq, Sq) fp32
-    in base 2. VARLEN: packed sequences (see the module doc), the grid over max Sq."""
+    """Grid (cdiv(Sq, BLOCK_M), B * Hq). OUT (B, Sq, Hq, D) compact, LSE (B, Hq, Sq) fp32 in base 2. VARLEN: packed
+    sequences (see the module doc), grid (cdiv(max Sq, BLOCK_M), B * Hq)."""
     scale, softcap = tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)  # torch.compile passes floats as fp64
     head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh = (
         _aligned(head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
                  stride_vh, UNIT)
     )  # fmt: skip
-    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # the last query blocks (the longest causal bands) first
-    bh = (tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)).to(tl.int64)
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
     b, h = bh // heads_q, bh % heads_q
     hk = h // (heads_q // heads_k)
     q0, sq = _sequence(b, seqlen_q, CU_Q, VARLEN)
@@ -481,14 +481,14 @@ def flash_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     SOFTCAP: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Grid (chunk, cdiv(Sq, BLOCK_M), B * Hq / chunk) (query_chunk). DQ (B, Sq, Hq, D) compact."""
+    """Grid (cdiv(Sq, BLOCK_M), B * Hq). DQ (B, Sq, Hq, D) compact."""
     scale, softcap = tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)  # torch.compile passes floats as fp64
     head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh = (
         _aligned(head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
                  stride_vh, UNIT)
     )  # fmt: skip
-    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # the last query blocks (the longest causal bands) first
-    bh = (tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)).to(tl.int64)
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
     b, h = bh // heads_q, bh % heads_q
     hk = h // (heads_q // heads_k)
     q0, sq = _sequence(b, seqlen_q, CU_Q, VARLEN)
@@ -661,12 +661,14 @@ def _window(causal: bool, window, seqlen_q: int, seqlen_k: int) -> tuple[int, in
     return left, right
 
 
-# Program order (both backends). The GPU starts programs in grid order; with each group's (query or key/value head,
-# batch entry) tiles in turn, the last groups' long causal bands start last and leave SMs idle (Llama-3.2-1B's causal
-# backward, 16 key blocks x 32 groups on 132 SMs: a makespan of 86 block units where the load averages 66). The grids
-# are (chunk, tiles, groups / chunk): the longest tile of each group of a chunk, then the next longest, ...
-# (longest-processing-time first: 68 units there), the groups in chunks whose operands fit L2 together (an H100's /
-# H200's is 50 MiB). Design limit: tiles and groups / chunk up to 65535 (grid dims y, z).
+# The dK / dV kernels' program order (both backends). The GPU starts programs in grid order; with each (key/value head,
+# batch entry) group's key blocks in turn, the last groups' long causal bands start last and leave SMs idle
+# (Llama-3.2-1B's causal backward, 16 key blocks x 32 groups on 132 SMs: a makespan of 86 block units where the load
+# averages 66). The grids are (chunk, key blocks, groups / chunk): the first key block (the longest band) of each
+# group of a chunk, then the second, ... (longest-processing-time first: 68 units there), the groups in chunks whose
+# operands fit L2 together (an H100's / H200's is 50 MiB). Design limit: key blocks and groups / chunk up to 65535
+# (grid dims y, z). The forward keeps each group's query blocks in turn (the last, longest first): the same order
+# measured no faster there (H200, 2026-12-06).
 L2_CHUNK_BYTES = 32 * 2**20
 MAX_GRID_YZ = 65535
 
@@ -679,20 +681,10 @@ def program_chunk(groups: int, group_bytes: int) -> int:
     return max(fits[-1], next(c for c in divisors if groups // c <= MAX_GRID_YZ))
 
 
-def query_chunk(batch: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int) -> int:
-    """program_chunk of programs over (query head, batch entry) groups (the forward, the dQ kernel), each streaming
-    its share of its key/value head's K and V (2 bytes each)."""
-    return program_chunk(heads_q * batch, 4 * head_dim * seqlen_k // (heads_q // heads_k))
-
-
 def key_chunk(batch: int, seqlen_q: int, heads_q: int, heads_k: int, head_dim: int, accumulator: bool = False) -> int:
-    """program_chunk of programs over (key/value head, batch entry) groups (the dK / dV kernels), each streaming q and
-    dO (2 bytes each) of its Hq / Hk query heads, and with `accumulator` their fp32 dQ accumulator."""
+    """program_chunk of the dK / dV kernels: (key/value head, batch entry) groups, each streaming q and dO (2 bytes
+    each) of its Hq / Hk query heads, and with `accumulator` their fp32 dQ accumulator (TileLang's)."""
     return program_chunk(heads_k * batch, (8 if accumulator else 4) * head_dim * seqlen_q * (heads_q // heads_k))
-
-
-def _grid(chunk: int, tiles: int, groups: int) -> tuple[int, int, int]:
-    return chunk, tiles, groups // chunk
 
 
 def default_scale(head_dim: int) -> float:
@@ -789,8 +781,7 @@ def forward(
                                    scale, softcap, strides_q, strides_k, strides_v, packed)  # fmt: skip
         block_m, block_n, warps, stages = configs("fwd", head_dim, dtype, target)[config]
         launches = (
-            in_units(Launch(flash_fwd_kernel, _grid(query_chunk(batch, seqlen_k, heads_q, heads_k, head_dim),
-                                                    cdiv(seqlen_q, block_m), batch * heads_q),
+            in_units(Launch(flash_fwd_kernel, (cdiv(seqlen_q, block_m), batch * heads_q),
                             ("q", "k", "v", *_cu(packed), *args), ("out", "lse"),
                             dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages), *UNIT_ARGS),
         )  # fmt: skip
@@ -853,16 +844,7 @@ def compiled_forward(
         left, right = _window(causal, window, seqlen_q, seqlen_k)
         scale = default_scale(head_dim) if scale is None else float(scale)
         kernel = module.kernel_name(head_dim, softcap > 0, "fwd", config)
-        reads, attrs = (
-            ("q", "k", "v"),
-            dict(
-                scale=scale,
-                softcap=float(softcap) or 1.0,
-                left=left,
-                right=right,
-                chunk=query_chunk(batch, seqlen_k, heads_q, heads_k, module.bucket(head_dim)),
-            ),
-        )
+        reads, attrs = ("q", "k", "v"), dict(scale=scale, softcap=float(softcap) or 1.0, left=left, right=right)
         if seqlen_k == 0:  # no key at all: out 0, lse +inf (a tensor map cannot describe an empty k)
             kernel, reads, attrs = module.NO_KEYS_KERNEL, (), {}
         load = functools.partial(module.function, kernel, dtype, dtype, arch)
@@ -959,16 +941,16 @@ def backward(
     dkdv, dq = configs("bwd", head_dim, dtype, target)[config]
     if not empty_k:
         block_m, block_n, warps, stages = dkdv
+        chunk = key_chunk(batch, seqlen_q, heads_q, heads_k, head_dim)
+        grid = (chunk, cdiv(seqlen_k, block_n), batch * heads_k // chunk)
         launches.append(
-            in_units(Launch(flash_bwd_dkdv_kernel, _grid(key_chunk(batch, seqlen_q, heads_q, heads_k, head_dim),
-                                                         cdiv(seqlen_k, block_n), batch * heads_k), reads, ("dk", "dv"),
+            in_units(Launch(flash_bwd_dkdv_kernel, grid, reads, ("dk", "dv"),
                            dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages), *UNIT_ARGS)
         )  # fmt: skip
     if not empty_q:
         block_m, block_n, warps, stages = dq
         launches.append(
-            in_units(Launch(flash_bwd_dq_kernel, _grid(query_chunk(batch, seqlen_k, heads_q, heads_k, head_dim),
-                                                       cdiv(seqlen_q, block_m), batch * heads_q), reads, ("dq",),
+            in_units(Launch(flash_bwd_dq_kernel, (cdiv(seqlen_q, block_m), batch * heads_q), reads, ("dq",),
                            dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages), *UNIT_ARGS)
         )  # fmt: skip
     inputs = {"q": dtype, "k": dtype, "v": dtype, "out": dtype, "dout": dtype, "lse": "float32", **_cu_inputs(packed)}
