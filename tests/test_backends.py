@@ -482,8 +482,8 @@ def test_flash_attention_program_chunks_divide_the_groups_and_fit_l2():
     from tile_kernels.core import flash_attention as fa_core
 
     mib = 2**20
-    assert fa_core.program_chunk(12, mib) == 12 and fa_core.program_chunk(12, 5 * mib) == 6
-    assert fa_core.program_chunk(12, 40 * mib) == 1 and fa_core.program_chunk(131, 2**10) == 131
+    assert fa_core.program_chunk(12, mib) == 12 and fa_core.program_chunk(12, 10 * mib) == 6
+    assert fa_core.program_chunk(12, 70 * mib) == 1 and fa_core.program_chunk(131, 2**10) == 131
     assert fa_core.program_chunk(131, 2 * mib) == 1 and fa_core.program_chunk(2 * 65537, 40 * mib) == 65537
     for groups in (1, 7, 96, 1000, 4096):
         for group_bytes in (1, 3 * mib, 64 * mib):
@@ -492,8 +492,11 @@ def test_flash_attention_program_chunks_divide_the_groups_and_fit_l2():
             bigger = range(chunk + 1, groups + 1)
             assert not any(groups % c == 0 and c * group_bytes <= fa_core.L2_CHUNK_BYTES for c in bigger)
     # Llama-3.2-1B's attention (B 4, S 2048, 32 / 8 heads of 64): the TileLang backward's 32 key/value groups (4 MiB
-    # of q, dO and the dQ accumulator each) in chunks of 8
-    assert fa_core.key_chunk(4, 2048, 32, 8, 64, accumulator=True) == 8
+    # of q, dO and the dQ accumulator each) in chunks of 16; not causal, or on a grid past LPT_MAX_PROGRAMS: 1
+    assert (
+        fa_core.key_chunk(4, 2048, 32, 8, 64, 16, False, True) == 1 == fa_core.key_chunk(4, 8192, 32, 32, 128, 64, True)
+    )
+    assert fa_core.key_chunk(4, 2048, 32, 8, 64, 16, True, accumulator=True) == 16
 
 
 def test_flash_attention_tilelang_backward_plan_matches_the_triton_backward():

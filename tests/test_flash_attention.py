@@ -95,7 +95,7 @@ def test_backward_programs_in_chunks_of_groups_give_the_reference(driver, monkey
     blocks in turn) or two chunks of two; B 2, Hk 2: 4 (key/value head, batch entry) groups."""
     monkeypatch.setattr(fa, "L2_CHUNK_BYTES", chunk_bytes)
     batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim = 2, 70, 90, 6, 2, 16
-    assert fa.key_chunk(batch, seqlen_q, heads_q, heads_k, head_dim) == chunk
+    assert fa.key_chunk(batch, seqlen_q, heads_q, heads_k, head_dim, 1, True) == chunk
     rng = np.random.default_rng(chunk_bytes)
     q, k, v = _qkv(rng, batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim)
     kwargs = dict(q=q, k=k, v=v, causal=True, window=(-1, -1), softmax_scale=None, softcap=0.0)

@@ -664,12 +664,17 @@ def _window(causal: bool, window, seqlen_q: int, seqlen_k: int) -> tuple[int, in
 # The dK / dV kernels' program order (both backends). The GPU starts programs in grid order; with each (key/value head,
 # batch entry) group's key blocks in turn, the last groups' long causal bands start last and leave SMs idle
 # (Llama-3.2-1B's causal backward, 16 key blocks x 32 groups on 132 SMs: a makespan of 86 block units where the load
-# averages 66). The grids are (chunk, key blocks, groups / chunk): the first key block (the longest band) of each
-# group of a chunk, then the second, ... (longest-processing-time first: 68 units there), the groups in chunks whose
-# operands fit L2 together (an H100's / H200's is 50 MiB). Design limit: key blocks and groups / chunk up to 65535
-# (grid dims y, z). The forward keeps each group's query blocks in turn (the last, longest first): the same order
-# measured no faster there (H200, 2026-12-06).
-L2_CHUNK_BYTES = 32 * 2**20
+# averages 66). For causal attention on grids of at most LPT_MAX_PROGRAMS programs the grids are (chunk, key blocks,
+# groups / chunk): the first key block (the longest band) of each group of a chunk, then the second, ...
+# (longest-processing-time first: 68 units there), the groups in chunks that stream at most L2_CHUNK_BYTES. Measured
+# (H100, bf16, forward + backward, 2026-12-06, benchmarks/results/h100/2026-12-06b/flash_bwd_order.jsonl): B 4 S 2048
+# 32 / 8 heads of 64 (512 programs) 1.00 -> 0.88 ms on either backend; B 2 S 4096 32 / 8 x 128 (512) TileLang 2.58 ->
+# 2.40, Triton 3.01 -> 2.86; B 4 S 8192 32 / 8 x 64 (2048) -3%; B 4 S 8192 32 x 128 (8192 programs) no gain, and
+# non-causal grids lose 3-5% (the group's tiles no longer share q and dO in L2): those keep chunk 1, the grid order
+# as before. Design limit: key blocks and groups / chunk up to 65535 (grid dims y, z). The forward keeps each group's
+# query blocks in turn (the last, longest first): the longest-first order measured no faster there (H200).
+L2_CHUNK_BYTES = 64 * 2**20
+LPT_MAX_PROGRAMS = 4096
 MAX_GRID_YZ = 65535
 
 
@@ -681,10 +686,18 @@ def program_chunk(groups: int, group_bytes: int) -> int:
     return max(fits[-1], next(c for c in divisors if groups // c <= MAX_GRID_YZ))
 
 
-def key_chunk(batch: int, seqlen_q: int, heads_q: int, heads_k: int, head_dim: int, accumulator: bool = False) -> int:
-    """program_chunk of the dK / dV kernels: (key/value head, batch entry) groups, each streaming q and dO (2 bytes
-    each) of its Hq / Hk query heads, and with `accumulator` their fp32 dQ accumulator (TileLang's)."""
-    return program_chunk(heads_k * batch, (8 if accumulator else 4) * head_dim * seqlen_q * (heads_q // heads_k))
+def key_chunk(
+    batch: int, seqlen_q: int, heads_q: int, heads_k: int, head_dim: int, key_blocks: int, causal: bool,
+    accumulator: bool = False,
+) -> int:  # fmt: skip
+    """The chunk of the dK / dV kernels' grid over `key_blocks` x (key/value head, batch entry) groups: program_chunk
+    of groups streaming q and dO (2 bytes each) of their Hq / Hk query heads and, with `accumulator`, their fp32 dQ
+    accumulator (TileLang's); 1 (each group's key blocks in turn) unless causal on a grid of at most
+    LPT_MAX_PROGRAMS."""
+    groups = heads_k * batch
+    if not causal or key_blocks * groups > LPT_MAX_PROGRAMS:
+        return program_chunk(groups, L2_CHUNK_BYTES + 1)  # 1, or what the grid dimension needs
+    return program_chunk(groups, (8 if accumulator else 4) * head_dim * seqlen_q * (heads_q // heads_k))
 
 
 def default_scale(head_dim: int) -> float:
@@ -876,7 +889,7 @@ def compiled_backward(
         raise ValueError(f"{NAME}: backend {backend!r} {why}; its forward runs with the Triton backward")
     module = backends.module(NAME, backend)
     d_pad = module.bucket(head_dim)
-    block_m = module.BWD_CONFIGS[module.family(arch)][d_pad][config][0]
+    block_m, block_n = module.BWD_CONFIGS[module.family(arch)][d_pad][config][:2]
     q_shape, _ = _shapes(batch, seqlen_q, heads_q, head_dim, None)
     k_shape, _ = _shapes(batch, seqlen_k, heads_k, head_dim, None)
     run = math.prod(q_shape) > 0 and math.prod(k_shape) > 0
@@ -903,7 +916,7 @@ def compiled_backward(
             call(module.kernel_name(head_dim, False, "bwd_pre"), ("out", "dout", "lse"), ("delta", "lse_pad")),
             call(main, ("q", "k", "v", "dout", "lse_pad", "delta", "dq_acc"), ("dk", "dv", "dq_acc"), scale=scale,
                  softcap=float(softcap) or 1.0, left=left, right=right,
-                 chunk=key_chunk(batch, seqlen_q, heads_q, heads_k, d_pad, accumulator=True)),
+                 chunk=key_chunk(batch, seqlen_q, heads_q, heads_k, d_pad, cdiv(seqlen_k, block_n), causal, True)),
             call(module.kernel_name(head_dim, False, "bwd_post"), ("dq_acc",), ("dq",), scale=scale),
         )  # fmt: skip
     inputs = {"q": dtype, "k": dtype, "v": dtype, "out": dtype, "dout": dtype, "lse": "float32"}
@@ -941,7 +954,7 @@ def backward(
     dkdv, dq = configs("bwd", head_dim, dtype, target)[config]
     if not empty_k:
         block_m, block_n, warps, stages = dkdv
-        chunk = key_chunk(batch, seqlen_q, heads_q, heads_k, head_dim)
+        chunk = key_chunk(batch, seqlen_q, heads_q, heads_k, head_dim, cdiv(seqlen_k, block_n), causal)
         grid = (chunk, cdiv(seqlen_k, block_n), batch * heads_k // chunk)
         launches.append(
             in_units(Launch(flash_bwd_dkdv_kernel, grid, reads, ("dk", "dv"),
