@@ -14,8 +14,9 @@ Kernels (fp32 accumulation, the log-sum-exp kept in base 2 internally):
     query block's visible band; blocks that the band covers entirely skip the mask (a masked prefix, an unmasked
     middle and a masked suffix loop). Writes out and lse (B, Hq, Sq).
   * backward: a preprocess kernel (delta), a dK/dV kernel (one program per BLOCK_N keys of a key/value head, looping
-    over the Hq / Hk query heads of its group and the query blocks that see the keys: no atomics, GQA included), and
-    a dQ kernel (one program per BLOCK_M queries, looping over key blocks as the forward).
+    over the Hq / Hk query heads of its group and the query blocks that see the keys: no atomics, GQA included; under
+    a causal mask its programs start longest first, key_chunk), and a dQ kernel (one program per BLOCK_M queries,
+    looping over key blocks as the forward).
 Packed sequences (flash_attention_varlen.py): the same kernels compiled with VARLEN read batch entry b's first row
 and length from cu_seqlens (q (total_q, Hq, D), k / v (total_k, Hk, D), lse (Hq, total_q)); the grid covers the
 longest sequence and a block past its own sequence's end returns at once.
