@@ -375,18 +375,19 @@ def _dkdv_blocks(
 def flash_bwd_dkdv_kernel(
     Q, K, V, DOUT, LSE, DELTA, CU_Q, CU_K, seqlen_q, seqlen_k, heads_q, heads_k, head_dim,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    scale, softcap, left, right,
+    scale, softcap, left, right, chunk,
     DK, DV,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     SOFTCAP: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Grid (chunk, cdiv(Sk, BLOCK_N), B * Hk / chunk) (key_chunk). DK, DV (B, Sk, Hk, D) compact."""
+    """Grid (chunk * cdiv(Sk, BLOCK_N), B * Hk / chunk): program (i, c) takes key block i // chunk of group
+    c * chunk + i % chunk (key_chunk). DK, DV (B, Sk, Hk, D) compact."""
     scale, softcap = tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)  # torch.compile passes floats as fp64
     head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh = (
         _aligned(head_dim, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
                  stride_vh, UNIT)
     )  # fmt: skip
-    bh = (tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)).to(tl.int64)
+    bh = (tl.program_id(1) * chunk + tl.program_id(0) % chunk).to(tl.int64)
     b, hk = bh // heads_k, bh % heads_k
     group = heads_q // heads_k
     q0, sq = _sequence(b, seqlen_q, CU_Q, VARLEN)
@@ -394,7 +395,7 @@ def flash_bwd_dkdv_kernel(
     lse_row = _lse_row(b, hk * group, heads_q, seqlen_q, q0, VARLEN)  # of the group's first query head
     lse_head = seqlen_q  # lse's head stride (Sq, or total_q when packed)
     seqlen_q = sq
-    n0 = tl.program_id(1) * BLOCK_N  # the first key blocks (the longest causal bands) first
+    n0 = tl.program_id(0) // chunk * BLOCK_N  # the first key blocks (the longest causal bands) first
     if VARLEN:
         if n0 >= seqlen_k:  # past this sequence's keys
             return
@@ -672,7 +673,8 @@ def _window(causal: bool, window, seqlen_q: int, seqlen_k: int) -> tuple[int, in
 # 32 / 8 heads of 64 (512 programs) 1.00 -> 0.88 ms on either backend; B 2 S 4096 32 / 8 x 128 (512) TileLang 2.58 ->
 # 2.40, Triton 3.01 -> 2.86; B 4 S 8192 32 / 8 x 64 (2048) -3%; B 4 S 8192 32 x 128 (8192 programs) no gain, and
 # non-causal grids lose 3-5% (the group's tiles no longer share q and dO in L2): those keep chunk 1, the grid order
-# as before. Design limit: key blocks and groups / chunk up to 65535 (grid dims y, z). The forward keeps each group's
+# as before. Design limit (TileLang's): key blocks and groups / chunk up to 65535 (grid dims y, z; Triton's grid is
+# (chunk * key blocks, groups / chunk)). The forward keeps each group's
 # query blocks in turn (the last, longest first): the longest-first order measured no faster there (H200).
 L2_CHUNK_BYTES = 64 * 2**20
 LPT_MAX_PROGRAMS = 4096
@@ -956,9 +958,9 @@ def backward(
     if not empty_k:
         block_m, block_n, warps, stages = dkdv
         chunk = key_chunk(batch, seqlen_q, heads_q, heads_k, head_dim, cdiv(seqlen_k, block_n), causal)
-        grid = (chunk, cdiv(seqlen_k, block_n), batch * heads_k // chunk)
+        grid = (chunk * cdiv(seqlen_k, block_n), batch * heads_k // chunk)
         launches.append(
-            in_units(Launch(flash_bwd_dkdv_kernel, grid, reads, ("dk", "dv"),
+            in_units(Launch(flash_bwd_dkdv_kernel, grid, (*reads, chunk), ("dk", "dv"),
                            dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps, stages), *UNIT_ARGS)
         )  # fmt: skip
     if not empty_q:
