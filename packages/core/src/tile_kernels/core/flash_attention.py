@@ -666,16 +666,16 @@ def _window(causal: bool, window, seqlen_q: int, seqlen_k: int) -> tuple[int, in
 # The dK / dV kernels' program order (both backends). The GPU starts programs in grid order; with each (key/value head,
 # batch entry) group's key blocks in turn, the last groups' long causal bands start last and leave SMs idle
 # (Llama-3.2-1B's causal backward, 16 key blocks x 32 groups on 132 SMs: a makespan of 86 block units where the load
-# averages 66). For causal attention on grids of at most LPT_MAX_PROGRAMS programs the grids are (chunk, key blocks,
-# groups / chunk): the first key block (the longest band) of each group of a chunk, then the second, ...
-# (longest-processing-time first: 68 units there), the groups in chunks that stream at most L2_CHUNK_BYTES. Measured
-# (H100, bf16, forward + backward, 2026-12-06, benchmarks/results/h100/2026-12-06b/flash_bwd_order.jsonl): B 4 S 2048
-# 32 / 8 heads of 64 (512 programs) 1.00 -> 0.88 ms on either backend; B 2 S 4096 32 / 8 x 128 (512) TileLang 2.58 ->
-# 2.40, Triton 3.01 -> 2.86; B 4 S 8192 32 / 8 x 64 (2048) -3%; B 4 S 8192 32 x 128 (8192 programs) no gain, and
-# non-causal grids lose 3-5% (the group's tiles no longer share q and dO in L2): those keep chunk 1, the grid order
-# as before. Design limit (TileLang's): key blocks and groups / chunk up to 65535 (grid dims y, z; Triton's grid is
-# (chunk * key blocks, groups / chunk)). The forward keeps each group's
-# query blocks in turn (the last, longest first): the longest-first order measured no faster there (H200).
+# averages 66). For causal attention on grids of at most LPT_MAX_PROGRAMS programs the groups come in chunks that
+# stream at most L2_CHUNK_BYTES, and a chunk runs the first key block (the longest band) of each of its groups, then
+# the second, ... (longest-processing-time first: 68 units there). Grids: TileLang (chunk, key blocks, groups / chunk),
+# Triton (chunk * key blocks, groups / chunk). Measured (H100, bf16, forward + backward, 2026-12-06,
+# benchmarks/results/h100/2026-12-06b/flash_bwd_order.jsonl): B 4 S 2048 32 / 8 heads of 64 (512 programs) 1.00 ->
+# 0.88 ms on either backend; B 2 S 4096 32 / 8 x 128 (512) TileLang 2.58 -> 2.40, Triton 3.01 -> 2.86; B 4 S 8192
+# 32 / 8 x 64 (2048) -3%; B 4 S 8192 32 x 128 (8192 programs) no gain, and non-causal grids lose 3-5% (the group's
+# tiles no longer share q and dO in L2): those keep chunk 1, the grid order as before. Design limits: groups / chunk up
+# to 65535 (program_chunk), and TileLang's key blocks too (its grid dim y). The forward keeps each group's query blocks
+# in turn (the last, longest first): the longest-first order measured no faster there (H200).
 L2_CHUNK_BYTES = 64 * 2**20
 LPT_MAX_PROGRAMS = 4096
 MAX_GRID_YZ = 65535
