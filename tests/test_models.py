@@ -62,6 +62,41 @@ def test_nn_modules_match_torch_and_load_their_state_dicts():
     assert _relative_error(rotary(q, positions), want) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
 
 
+@needs_torch
+def test_shared_input_linear_matches_separate_linears():
+    torch, device, dtype = _setup()
+    import tile_kernels.torch as tk
+
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(48, n, bias=bias, device=device, dtype=dtype) for n, bias in ((40, True), (24, False),
+                                                                                             (24, True))]  # fmt: skip
+    group = tk.nn.SharedInputLinear.group(*linears)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    x = torch.randn(3, 5, 48, device=device, dtype=dtype).transpose(0, 1)  # non-contiguous input
+    cotangents = [torch.randn(5, 3, m.out_features, device=device, dtype=dtype) for m in linears]
+    for used in ((0, 1, 2), (2, 0)):  # any order; an output that does not reach the loss gets no gradient
+        grads = []
+        for modules in (linears, group):
+            x_ = x.detach().requires_grad_()
+            for p in (p for m in linears for p in m.parameters()):
+                p.grad = None
+            outs = {i: modules[i](x_) for i in used}
+            loss = sum((outs[i].double() * cotangents[i].double()).sum() for i in used)
+            loss.backward()
+            grads.append([x_.grad] + [p.grad for m in linears for p in m.parameters()])
+            if modules is group:
+                assert (group[0]._pending == [None, []]) == (len(used) == 3)  # kept until every one is handed out
+                want_outs = {i: linears[i](x) for i in used}
+                assert all(_relative_error(outs[i], want_outs[i]) < tol for i in used)
+        for got, want in zip(*grads):
+            assert (got is None) == (want is None)
+            if want is not None:
+                assert _relative_error(got, want) < tol
+    # a member called with another input computes its group again
+    y = torch.randn(2, 48, device=device, dtype=dtype)
+    assert _relative_error(group[0](x), linears[0](x)) < tol and _relative_error(group[1](y), linears[1](y)) < tol
+
+
 def _tiny_config(model_type: str):
     from transformers import AutoConfig
 
@@ -101,6 +136,7 @@ def test_patched_model_matches_the_stock_model(model_type, attention):
     layer = patched.model.layers[0]
     assert type(layer.input_layernorm) is tk.nn.RMSNorm and type(layer.mlp) is tk.nn.SwiGLUMLP
     assert layer.forward.__func__ is tk.models.decoder_layer_forward  # the post-attention residual in the norm
+    assert all(type(getattr(layer.self_attn, p)) is tk.nn.SharedInputLinear for p in ("q_proj", "k_proj", "v_proj"))
     assert patched.config._attn_implementation == ("tile_kernels" if attention is True else f"tile_kernels_{attention}")
     fp32 = stock.dtype == torch.float32
     tol = 2e-4 if fp32 else 3e-2

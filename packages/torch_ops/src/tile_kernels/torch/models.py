@@ -11,6 +11,9 @@ What each switch swaps (every one independent):
              sequences through flash_attention_varlen, as transformers' flash-attention path takes them);
              attention="triton" / "tilelang" picks flash_attention's backend ("tile_kernels_triton", ...), True its
              default
+- qkv:       each attention module's q_proj, k_proj and v_proj as one nn.SharedInputLinear group: the attention
+             input's gradient summed by the GEMMs of the three (no adds; the MLP's gate_proj and up_proj get the same
+             inside nn.SwiGLUMLP)
 - residual:  each decoder layer's post-attention residual add done by its post-attention RMSNorm (rms_norm with
              residual=: one kernel, and in the backward one, instead of an add and a norm), for layers of exactly
              the Llama family's four parts whose forward returns a tensor (with rms_norm only)
@@ -30,7 +33,7 @@ import torch
 from .flash_attention import flash_attention
 from .flash_attention_varlen import flash_attention_varlen
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
-from .nn import RMSNorm, SwiGLUMLP
+from .nn import RMSNorm, SharedInputLinear, SwiGLUMLP
 from .rotary import apply_rotary
 
 FAMILY = ("llama", "mistral", "qwen2", "qwen3")
@@ -39,7 +42,7 @@ ATTENTION_BACKENDS = ("triton", "tilelang")
 IGNORE_INDEX = -100
 
 
-def apply_to(model, rms_norm=True, swiglu=True, rotary=True, attention=True, loss=True, residual=True):
+def apply_to(model, rms_norm=True, swiglu=True, rotary=True, attention=True, loss=True, residual=True, qkv=True):
     """Patches `model` (a transformers model of the Llama family: Llama, Mistral, Qwen2, Qwen3) in place and returns
     it. Parameters are shared, not copied: the state dict, the optimizer's parameters and tied weights stay as they
     were."""
@@ -58,6 +61,10 @@ def apply_to(model, rms_norm=True, swiglu=True, rotary=True, attention=True, los
                 setattr(parent, name, norm)
             elif swiglu and _is_swiglu_mlp(child):
                 setattr(parent, name, SwiGLUMLP.sharing(child))
+        if qkv and _has_qkv(parent):
+            projections = ("q_proj", "k_proj", "v_proj")
+            for name, member in zip(projections, SharedInputLinear.group(*(getattr(parent, n) for n in projections))):
+                setattr(parent, name, member)
     if rms_norm and residual:
         for module in model.modules():
             if _is_pre_norm_decoder_layer(module):
@@ -101,6 +108,12 @@ def _is_swiglu_mlp(module) -> bool:
     silu = isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
     has_bias = any(getattr(getattr(module, p, None), "bias", None) is not None for p in ("gate_proj", "up_proj"))
     return silu and not has_bias and all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj"))
+
+
+def _has_qkv(module) -> bool:
+    """An attention module with q_proj, k_proj and v_proj Linears of one input size (the Llama family's)."""
+    linears = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+    return all(type(m) is torch.nn.Linear for m in linears) and len({m.in_features for m in linears}) == 1
 
 
 _DECODER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}

@@ -1,10 +1,13 @@
 """nn.Modules of the ops, with the parameter names of their torch / Hugging Face counterparts (a state dict loads
 unchanged): RMSNorm (as LlamaRMSNorm / torch.nn.RMSNorm), LayerNorm (as torch.nn.LayerNorm over the last dim),
-SwiGLUMLP (as LlamaMLP: gate_proj, up_proj, down_proj) and Rotary (as LlamaRotaryEmbedding's default rope, applied)."""
+SwiGLUMLP (as LlamaMLP: gate_proj, up_proj, down_proj) and Rotary (as LlamaRotaryEmbedding's default rope, applied).
+SharedInputLinear: Linears that read one input (an attention's q_proj, k_proj, v_proj) with the input gradient summed
+in the GEMMs."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .norms import layer_norm, rms_norm
@@ -62,7 +65,79 @@ class SwiGLUMLP(nn.Module):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(swiglu(*shared_input_linear(x, self.gate_proj, self.up_proj)))
+
+
+class _SharedInputLinear(torch.autograd.Function):
+    """y_i = x W_i^T + b_i for Linears reading one x. Backward: dx = sum_i dy_i W_i accumulated by the GEMMs (addmm,
+    beta = 1: the sum is rounded once, in the GEMM's epilogue) where autograd runs a GEMM per Linear and an add per
+    further one (each add reads two (N, D) tensors and writes one); dW_i = dy_i^T x, db_i = sum of dy_i's rows."""
+
+    @staticmethod
+    def forward(ctx, x, *params):  # params: W_0, b_0, W_1, b_1, ... (a b_i may be None)
+        weights, biases = params[0::2], params[1::2]
+        ctx.save_for_backward(x, *weights)
+        ctx.has_bias = [b is not None for b in biases]
+        ctx.set_materialize_grads(False)  # an output that did not reach the loss: None, not zeros
+        return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, *weights = ctx.saved_tensors
+        x2 = x.reshape(-1, x.shape[-1])
+        dx, dparams = None, []
+        for i, (dy, w, has_bias) in enumerate(zip(grads, weights, ctx.has_bias)):
+            if dy is None:  # an output that did not reach the loss
+                dparams += [None, None]
+                continue
+            dy2 = dy.reshape(-1, dy.shape[-1])
+            if ctx.needs_input_grad[0]:
+                dx = dy2 @ w if dx is None else dx.addmm_(dy2, w)
+            dparams.append(dy2.t() @ x2 if ctx.needs_input_grad[1 + 2 * i] else None)
+            dparams.append(dy2.sum(0) if has_bias and ctx.needs_input_grad[2 + 2 * i] else None)
+        return (None if dx is None else dx.view(x.shape), *dparams)
+
+
+def shared_input_linear(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
+    """(linear(x) for linear in linears), as one autograd node whose backward sums x's gradient in the GEMMs. Under
+    torch.autocast the Linears run one by one (autocast's casts, autograd's sum)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return tuple(F.linear(x, linear.weight, linear.bias) for linear in linears)
+    return _SharedInputLinear.apply(x, *(p for linear in linears for p in (linear.weight, linear.bias)))
+
+
+class SharedInputLinear(nn.Module):
+    """One of a group of Linears that a model calls in turn on one input (an attention's q_proj, k_proj, v_proj):
+    the first member called computes every member's output through shared_input_linear and keeps the others' until
+    they are called with that same input (the same tensor object); a member called with another input computes its
+    group again. The parameters are the replaced Linear's (state-dict keys unchanged). `group` builds the members."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias  # shared
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._members, self._index = [self], 0
+        self._pending: list = [None, []]  # the input and the outputs not yet handed out (None where handed out)
+
+    @classmethod
+    def group(cls, *linears: nn.Linear) -> tuple[SharedInputLinear, ...]:
+        members = tuple(cls(linear) for linear in linears)
+        pending: list = [None, []]
+        for index, member in enumerate(members):
+            member._members, member._index, member._pending = list(members), index, pending
+        return members
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        index, pending = self._index, self._pending
+        if pending[0] is not x or pending[1][index] is None:
+            pending[:] = [x, list(shared_input_linear(x, *self._members))]
+        out, pending[1][index] = pending[1][index], None
+        if all(o is None for o in pending[1]):
+            pending[:] = [None, []]
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 class Rotary(nn.Module):
