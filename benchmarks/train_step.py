@@ -35,11 +35,12 @@ SHAPES = {
 }
 # tile-kernels: flash_attention's default backend (TileLang on sm_90 at head dims 64 and 128 in training);
 # +triton-attn: its Triton kernels; +sdpa: transformers' SDPA attention. liger last: it patches the modeling module.
-VARIANTS = ("stock", "tile-kernels", "tile-kernels+residual-add", "tile-kernels+linear-adds",
+VARIANTS = ("stock", "tile-kernels", "tile-kernels+residual-add", "tile-kernels+adds",
             "tile-kernels+triton-attn", "tile-kernels+sdpa", "liger")  # fmt: skip
 # apply_to's switches per variant (the defaults otherwise); +residual-add keeps the decoder layers' post-attention add;
-# +linear-adds: q / k / v and gate / up as separate Linears (autograd adds their input gradients)
-PATCH = {"tile-kernels+residual-add": dict(residual=False), "tile-kernels+linear-adds": dict(qkv=False),
+# +adds: q / k / v and gate / up as separate Linears (autograd adds their input gradients), the MLP's residual added
+# apart from down_proj's GEMM
+PATCH = {"tile-kernels+residual-add": dict(residual=False), "tile-kernels+adds": dict(qkv=False),
          "tile-kernels+triton-attn": dict(attention="triton"), "tile-kernels+sdpa": dict(attention=False)}  # fmt: skip
 
 
@@ -60,9 +61,11 @@ def build(shape: str, variant: str, device: str, dtype):
         import tile_kernels.torch as tk
 
         tk.apply_to(model, **PATCH.get(variant, {}))
-        if variant == "tile-kernels+linear-adds":
+        if variant == "tile-kernels+adds":
             for mlp in (m for m in model.modules() if isinstance(m, tk.nn.SwiGLUMLP)):
-                mlp.forward = lambda x, m=mlp: m.down_proj(tk.swiglu(m.gate_proj(x), m.up_proj(x)))
+                mlp.forward = lambda x, residual=None, m=mlp: (
+                    m.down_proj(tk.swiglu(m.gate_proj(x), m.up_proj(x))) + (0 if residual is None else residual)
+                )
     elif variant == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 

@@ -51,6 +51,12 @@ def test_nn_modules_match_torch_and_load_their_state_dicts():
     mlp = tk.nn.SwiGLUMLP(48, 80, device=device, dtype=dtype)
     want = mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
     assert _relative_error(mlp(x), want) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+    residual = torch.randn(3, 5, 48, device=device, dtype=dtype, requires_grad=True)
+    got = mlp(x, residual=residual)  # the add in down_proj's GEMM
+    assert _relative_error(got, want + residual) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+    cotangent = torch.randn_like(got)
+    (got * cotangent).sum().backward()
+    assert torch.equal(residual.grad, cotangent)
 
     rotary = tk.nn.Rotary(16, base=500.0, device=device)
     q = torch.randn(2, 7, 3, 16, device=device, dtype=dtype)
@@ -60,6 +66,29 @@ def test_nn_modules_match_torch_and_load_their_state_dicts():
     a, b = q.double()[..., :8], q.double()[..., 8:]
     want = torch.cat([a * c - b * s, b * c + a * s], dim=-1)
     assert _relative_error(rotary(q, positions), want) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+@needs_torch
+def test_rms_norm_and_input_joins_the_gradients_of_its_input():
+    torch, device, dtype = _setup()
+    from tile_kernels.torch.norms import rms_norm_and_input
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 48, device=device, dtype=dtype).transpose(0, 1).requires_grad_()  # non-contiguous
+    w = (torch.rand(48, device=device, dtype=dtype) + 0.5).requires_grad_()
+    y, x_out = rms_norm_and_input(x, w, 1e-5)
+    assert torch.equal(x_out, x)
+    cy, cx = torch.randn_like(y), torch.randn_like(y)
+    ((y * cy).sum() + (x_out * cx).sum()).backward()
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * w64
+    ((y64 * cy.double()).sum() + (x64 * cx.double()).sum()).backward()
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    assert _relative_error(y, y64) < tol
+    assert _relative_error(x.grad, x64.grad) < tol and _relative_error(w.grad, w64.grad) < tol
+    x.grad = None
+    rms_norm_and_input(x, w, 1e-5)[1].sum().backward()  # only the input used: its gradient passes through
+    assert torch.equal(x.grad, torch.ones_like(x))
 
 
 @needs_torch

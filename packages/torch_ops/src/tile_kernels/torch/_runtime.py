@@ -84,6 +84,14 @@ def eager_op(name: str, impl, setup_context=None, backward=None, mutates_args=()
     return call
 
 
+def plain_eager(*tensors: torch.Tensor) -> bool:
+    """Whether a call on `tensors` runs on plain tensors in eager mode (eager_op's direct way): not tracing under
+    torch.compile, no dispatch mode or functorch transform, no tensor subclass (DTensor) or functorch wrapper."""
+    if _compiling() or _dispatch_modes() or _functorch_transforms():
+        return False
+    return all(type(t) in _PLAIN and not _functorch_wrapped(t) for t in tensors)
+
+
 def compiled_op(name: str):
     """Decorator: eager_op for `impl`, a call of TVM-FFI compiled functions (opaque to torch.compile), registered as
     the custom op tile_kernels::<name>: run directly in eager mode (custom op dispatch costs host time a call), the

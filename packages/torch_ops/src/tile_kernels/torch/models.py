@@ -15,8 +15,10 @@ What each switch swaps (every one independent):
              input's gradient summed by the GEMMs of the three (no adds; the MLP's gate_proj and up_proj get the same
              inside nn.SwiGLUMLP)
 - residual:  each decoder layer's post-attention residual add done by its post-attention RMSNorm (rms_norm with
-             residual=: one kernel, and in the backward one, instead of an add and a norm), for layers of exactly
-             the Llama family's four parts whose forward returns a tensor (with rms_norm only)
+             residual=: one kernel, and in the backward one, instead of an add and a norm), with swiglu the MLP's
+             by down_proj's GEMM (SwiGLUMLP's residual=), and the layer input's two gradients (its norm's, the
+             residual stream's) summed in the input norm's backward kernel (norms.rms_norm_and_input), for layers of
+             exactly the Llama family's four parts whose forward returns a tensor (with rms_norm only)
 - loss:      the causal-LM forward computes its loss with fused_linear_cross_entropy (the (N, V) logits never
              exist; float32 loss, mean over non-ignored tokens or sum / num_items_in_batch as transformers does); logits
              are returned only when no labels are given
@@ -34,6 +36,7 @@ from .flash_attention import flash_attention
 from .flash_attention_varlen import flash_attention_varlen
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
 from .nn import RMSNorm, SharedInputLinear, SwiGLUMLP
+from .norms import rms_norm_and_input
 from .rotary import apply_rotary
 
 FAMILY = ("llama", "mistral", "qwen2", "qwen3")
@@ -120,35 +123,56 @@ _DECODER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layerno
 
 
 def _is_pre_norm_decoder_layer(module) -> bool:
-    """A decoder layer as Llama's: exactly the four parts, the post-attention norm ours, a forward returning the
+    """A decoder layer as Llama's: exactly the four parts, both norms ours, a forward returning the
     hidden states (transformers 4.x layers that return tuples, or with more parts, keep their own forward)."""
     returns = inspect.signature(type(module).forward).return_annotation
     return (
         {name for name, _ in module.named_children()} == _DECODER_PARTS
         and isinstance(module.post_attention_layernorm, RMSNorm)
+        and isinstance(module.input_layernorm, RMSNorm)
         and returns in (torch.Tensor, "torch.Tensor")
     )
 
 
 def decoder_layer_forward(self, hidden_states, **kwargs):
     """A Llama-family decoder layer, x + attention(norm(x)) then h + mlp(norm(h)), with h and norm(h) from one
-    rms_norm(attention's output, residual=x). The keyword arguments go to the attention module as the stock layer
-    passes them."""
-    attention_out, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    rms_norm(attention's output, residual=x) and h added by the MLP's last GEMM. The keyword arguments go to the
+    attention module as the stock layer passes them."""
+    norm = self.input_layernorm
+    normed, hidden_states = rms_norm_and_input(hidden_states, norm.weight, norm.eps)  # x's gradients join in its kernel
+    attention_out, _ = self.self_attn(hidden_states=normed, **kwargs)
     normed, hidden_states = self.post_attention_layernorm(attention_out, residual=hidden_states)
+    if isinstance(self.mlp, SwiGLUMLP):
+        return self.mlp(normed, residual=hidden_states)  # the add in down_proj's GEMM
     return hidden_states + self.mlp(normed)
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     """transformers' apply_rotary_pos_emb on apply_rotary: q, k (B, H, S, D) (unsqueeze_dim=1) or (B, S, H, D)
     (unsqueeze_dim=2); cos, sin (B, S, D) or (S, D) holding each angle twice (GPT-NeoX halves)."""
-    half = cos.shape[-1] // 2
-    cos, sin = cos[..., :half], sin[..., :half]
-    if cos.dim() == 3 and cos.shape[0] == 1:
-        cos, sin = cos[0], sin[0]  # the same positions in every sequence: one table
+    cos, sin = _half_tables(cos, sin)
     if unsqueeze_dim == 1:
         return tuple(apply_rotary(t.transpose(1, 2), cos, sin).transpose(1, 2) for t in (q, k))
     return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+_LAST_TABLES: list = [None, None, None]  # cos, sin and their compact halves: one forward's layers share them
+
+
+def _half_tables(cos, sin) -> tuple:
+    """The first halves of transformers' cos / sin tables, (S, D/2) where every sequence has the same positions, else
+    (B, S, D/2); compact copies made once a forward (every layer gets the same tables), which apply_rotary and its
+    backward read without copying them again."""
+    if _LAST_TABLES[0] is cos and _LAST_TABLES[1] is sin:
+        return _LAST_TABLES[2]
+    half = cos.shape[-1] // 2
+    tables = cos[..., :half], sin[..., :half]
+    if cos.dim() == 3 and cos.shape[0] == 1:
+        tables = tables[0][0], tables[1][0]  # the same positions in every sequence: one table
+    tables = tables[0].contiguous(), tables[1].contiguous()
+    if not torch.compiler.is_compiling():
+        _LAST_TABLES[:] = cos, sin, tables
+    return tables
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,

@@ -17,7 +17,7 @@ from tile_kernels.core import layer_norm as layer_core
 from tile_kernels.core import rms_norm as rms_core
 
 from ._calls import cuda_arch, resolve_backend
-from ._runtime import as_rows, compiled_op, eager_op, executor, register_public_op, target, validated
+from ._runtime import as_rows, compiled_op, eager_op, executor, plain_eager, register_public_op, target, validated
 
 NO_TENSOR = 0  # size of the (0,)-shaped placeholder of an absent output (h without residual, dbias without bias);
 # an int: new_empty parses it in half the time of a tuple
@@ -165,6 +165,40 @@ def rms_norm(
     backend = resolve_backend(rms_core.NAME, backend, device)
     y, h, _ = rms_norm_fwd(x, weight, residual, float(eps), backend)
     return y if residual is None else (y, h)
+
+
+class _RMSNormAndInput(torch.autograd.Function):
+    """(rms_norm(x), x) with the second output x as this node's output: x's gradient through it comes back here and
+    joins the norm's in the norm backward's kernel (its dh)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, backend):
+        y, _, rstd = _rms_fwd(x, weight, None, eps, backend)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.backend = backend
+        ctx.set_materialize_grads(False)
+        return y, x  # x returned as a view of itself whose gradient comes to this node
+
+    @staticmethod
+    def backward(ctx, dy, dx_direct):
+        x, weight, rstd = ctx.saved_tensors
+        if dy is None:  # only x was used
+            return dx_direct, None, None, None
+        dx, dweight = rms_norm_bwd(dy, x, weight, rstd, dx_direct, ctx.backend)
+        return dx, dweight, None, None
+
+
+def rms_norm_and_input(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, backend: str | None = None):
+    """(rms_norm(x, weight, eps), x) for a caller that also adds x to a residual stream, as a pre-norm decoder layer
+    does with its input: in eager mode on plain tensors the second output is x as an output of the norm's autograd
+    node, so x's two gradients (through the norm and through the residual stream) meet in the norm backward's kernel
+    instead of in an add of autograd's; otherwise (torch.compile, tensor subclasses, no gradient) it is x itself."""
+    _, device = validated(rms_core.NAME, rms_core.check, ("x", "weight", None, None), x, weight, None, eps)
+    backend = resolve_backend(rms_core.NAME, backend, device)
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    if wants_grad and plain_eager(x, weight):
+        return _RMSNormAndInput.apply(x, weight, float(eps), backend)
+    return rms_norm_fwd(x, weight, None, float(eps), backend)[0], x
 
 
 def _promoted_under_autocast(x, residual):
