@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import time
+import types
 
 # hidden, intermediate, layers, heads, kv heads, vocab, batch, seq
 SHAPES = {
@@ -38,8 +39,8 @@ SHAPES = {
 VARIANTS = ("stock", "tile-kernels", "tile-kernels+residual-add", "tile-kernels+adds",
             "tile-kernels+triton-attn", "tile-kernels+sdpa", "liger")  # fmt: skip
 # apply_to's switches per variant (the defaults otherwise); +residual-add keeps the decoder layers' post-attention add;
-# +adds: q / k / v and gate / up as separate Linears (autograd adds their input gradients), the MLP's residual added
-# apart from down_proj's GEMM
+# +adds: q / k / v and gate / up as separate Linears (autograd adds their input gradients), the layer input's
+# gradients added by autograd (the input norm as a plain RMSNorm)
 PATCH = {"tile-kernels+residual-add": dict(residual=False), "tile-kernels+adds": dict(qkv=False),
          "tile-kernels+triton-attn": dict(attention="triton"), "tile-kernels+sdpa": dict(attention=False)}  # fmt: skip
 
@@ -63,15 +64,22 @@ def build(shape: str, variant: str, device: str, dtype):
         tk.apply_to(model, **PATCH.get(variant, {}))
         if variant == "tile-kernels+adds":
             for mlp in (m for m in model.modules() if isinstance(m, tk.nn.SwiGLUMLP)):
-                mlp.forward = lambda x, residual=None, m=mlp: (
-                    m.down_proj(tk.swiglu(m.gate_proj(x), m.up_proj(x))) + (0 if residual is None else residual)
-                )
+                mlp.forward = lambda x, m=mlp: m.down_proj(tk.swiglu(m.gate_proj(x), m.up_proj(x)))
+            for layer in (m for m in model.modules() if hasattr(m, "post_attention_layernorm")):
+                layer.forward = types.MethodType(_layer_with_adds, layer)
     elif variant == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
         apply_liger_kernel_to_llama(model=model)  # patches the modeling module too: run it last
     model.train()
     return model
+
+
+def _layer_with_adds(self, hidden_states, **kwargs):
+    """The patched decoder layer as before the gradients joined in the input norm: autograd adds them."""
+    attention_out, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    normed, hidden_states = self.post_attention_layernorm(attention_out, residual=hidden_states)
+    return hidden_states + self.mlp(normed)
 
 
 def kernels(step, ids, top: int = 25) -> dict:

@@ -15,10 +15,10 @@ What each switch swaps (every one independent):
              input's gradient summed by the GEMMs of the three (no adds; the MLP's gate_proj and up_proj get the same
              inside nn.SwiGLUMLP)
 - residual:  each decoder layer's post-attention residual add done by its post-attention RMSNorm (rms_norm with
-             residual=: one kernel, and in the backward one, instead of an add and a norm), with swiglu the MLP's
-             by down_proj's GEMM (SwiGLUMLP's residual=), and the layer input's two gradients (its norm's, the
-             residual stream's) summed in the input norm's backward kernel (norms.rms_norm_and_input), for layers of
-             exactly the Llama family's four parts whose forward returns a tensor (with rms_norm only)
+             residual=: one kernel, and in the backward one, instead of an add and a norm) and the layer input's two
+             gradients (its norm's, the residual stream's) summed in the input norm's backward kernel
+             (norms.rms_norm_and_input), for layers of exactly the Llama family's four parts whose forward returns a
+             tensor (with rms_norm only)
 - loss:      the causal-LM forward computes its loss with fused_linear_cross_entropy (the (N, V) logits never
              exist; float32 loss, mean over non-ignored tokens or sum / num_items_in_batch as transformers does); logits
              are returned only when no labels are given
@@ -136,14 +136,12 @@ def _is_pre_norm_decoder_layer(module) -> bool:
 
 def decoder_layer_forward(self, hidden_states, **kwargs):
     """A Llama-family decoder layer, x + attention(norm(x)) then h + mlp(norm(h)), with h and norm(h) from one
-    rms_norm(attention's output, residual=x) and h added by the MLP's last GEMM. The keyword arguments go to the
-    attention module as the stock layer passes them."""
+    rms_norm(attention's output, residual=x), and x's two gradients summed by its norm's backward. The keyword
+    arguments go to the attention module as the stock layer passes them."""
     norm = self.input_layernorm
     normed, hidden_states = rms_norm_and_input(hidden_states, norm.weight, norm.eps)  # x's gradients join in its kernel
     attention_out, _ = self.self_attn(hidden_states=normed, **kwargs)
     normed, hidden_states = self.post_attention_layernorm(attention_out, residual=hidden_states)
-    if isinstance(self.mlp, SwiGLUMLP):
-        return self.mlp(normed, residual=hidden_states)  # the add in down_proj's GEMM
     return hidden_states + self.mlp(normed)
 
 

@@ -47,8 +47,7 @@ class LayerNorm(nn.Module):
 
 
 class SwiGLUMLP(nn.Module):
-    """down_proj(silu(gate_proj(x)) * up_proj(x)), the product fused (swiglu); forward(x, residual=None) adds
-    `residual` to it."""
+    """down_proj(silu(gate_proj(x)) * up_proj(x)), the product fused (swiglu)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None):
         super().__init__()
@@ -65,17 +64,8 @@ class SwiGLUMLP(nn.Module):
         new.gate_proj, new.up_proj, new.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         return new
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """The MLP's output, or residual + it with the add done by down_proj's GEMM (addmm, beta = 1: one rounding,
-        no separate add) where down_proj has no bias, residual has the output's dtype and autocast is off."""
-        act = swiglu(*shared_input_linear(x, self.gate_proj, self.up_proj))
-        down = self.down_proj
-        if residual is None:
-            return down(act)
-        if down.bias is not None or residual.dtype != act.dtype or torch.is_autocast_enabled(act.device.type):
-            return residual + down(act)
-        out = torch.addmm(residual.reshape(-1, down.out_features), act.reshape(-1, act.shape[-1]), down.weight.t())
-        return out.view(residual.shape)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(swiglu(*shared_input_linear(x, self.gate_proj, self.up_proj)))
 
 
 class _SharedInputLinear(torch.autograd.Function):
