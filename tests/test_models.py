@@ -160,6 +160,8 @@ def test_patched_model_matches_the_stock_model(model_type, attention):
     assert type(layer.input_layernorm) is tk.nn.RMSNorm and type(layer.mlp) is tk.nn.SwiGLUMLP
     assert layer.forward.__func__ is tk.models.decoder_layer_forward  # the post-attention residual in the norm
     assert all(type(getattr(layer.self_attn, p)) is tk.nn.SharedInputLinear for p in ("q_proj", "k_proj", "v_proj"))
+    layers = patched.model.layers  # each layer's output add computes the norm that reads it
+    assert layer._following_norm is layers[1].input_layernorm and layers[-1]._following_norm is patched.model.norm
     assert patched.config._attn_implementation == ("tile_kernels" if attention is True else f"tile_kernels_{attention}")
     fp32 = stock.dtype == torch.float32
     tol = 2e-4 if fp32 else 3e-2
@@ -183,6 +185,25 @@ def test_patched_model_matches_the_stock_model(model_type, attention):
     for (name, p), q in zip(patched.named_parameters(), stock.parameters()):
         assert p.grad is not None, name
         assert _relative_error(p.grad, q.grad) < (1e-3 if fp32 else 5e-2), name
+    assert all(m._ahead is None for m in patched.modules() if isinstance(m, tk.nn.RMSNorm))  # every one taken
+
+
+@needs_transformers
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_patched_model_under_gradient_checkpointing(use_reentrant):
+    torch, stock, patched, device = _models("llama")
+    ids = torch.randint(0, 160, (2, 16), generator=torch.Generator().manual_seed(3)).to(device)
+    losses = []
+    for model in (stock, patched):
+        model.train()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+    tol = 2e-4 if stock.dtype == torch.float32 else 3e-2
+    assert abs(losses[1] - losses[0]) <= tol * abs(losses[0])
+    for (name, p), q in zip(patched.named_parameters(), stock.parameters()):
+        assert _relative_error(p.grad, q.grad) < (1e-3 if stock.dtype == torch.float32 else 5e-2), name
 
 
 @needs_transformers

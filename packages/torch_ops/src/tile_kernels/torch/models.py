@@ -72,6 +72,8 @@ def apply_to(model, rms_norm=True, swiglu=True, rotary=True, attention=True, los
         for module in model.modules():
             if _is_pre_norm_decoder_layer(module):
                 module.forward = types.MethodType(decoder_layer_forward, module)
+                object.__setattr__(module, "_following_norm", None)  # a plain attribute, not a submodule
+        _link_following_norms(model)
     if rotary:
         for module in model.modules():
             forward = inspect.unwrap(type(module).forward)
@@ -134,15 +136,44 @@ def _is_pre_norm_decoder_layer(module) -> bool:
     )
 
 
+def _link_following_norms(model) -> None:
+    """Each patched decoder layer of a model's `layers` gets the norm that reads its output (the next layer's input
+    norm, the last layer the model's final `norm`) when that norm is ours: the layer adds its MLP residual and
+    computes that norm in one rms_norm and hands the norm ahead (nn.RMSNorm.hand_ahead)."""
+    for module in model.modules():
+        layers, final = getattr(module, "layers", None), getattr(module, "norm", None)
+        if not isinstance(layers, torch.nn.ModuleList) or not isinstance(final, RMSNorm):
+            continue
+        if not all(getattr(layer, "forward", None).__func__ is decoder_layer_forward for layer in layers):
+            continue
+        for layer, following in zip(layers, [layer.input_layernorm for layer in layers[1:]] + [final]):
+            object.__setattr__(layer, "_following_norm", following)
+
+
 def decoder_layer_forward(self, hidden_states, **kwargs):
     """A Llama-family decoder layer, x + attention(norm(x)) then h + mlp(norm(h)), with h and norm(h) from one
-    rms_norm(attention's output, residual=x), and x's two gradients summed by its norm's backward. The keyword
-    arguments go to the attention module as the stock layer passes them."""
+    rms_norm(attention's output, residual=x), and x's two gradients summed by its norm's backward. With a following
+    norm (_link_following_norms), h + mlp(...) and that norm of it come from one rms_norm too: the next layer takes
+    its input norm ahead (or the model's final norm does), and its input's two gradients meet in that kernel's
+    backward. Not under torch.compile or gradient checkpointing (where a recomputed layer must save what the first
+    pass saved). The keyword arguments go to the attention module as the stock layer passes them."""
     norm = self.input_layernorm
-    normed, hidden_states = rms_norm_and_input(hidden_states, norm.weight, norm.eps)  # x's gradients join in its kernel
+    normed = norm.take_ahead(hidden_states) if norm._ahead is not None else None
+    if normed is None:  # x's two gradients join in its norm's kernel
+        normed, hidden_states = rms_norm_and_input(hidden_states, norm.weight, norm.eps)
     attention_out, _ = self.self_attn(hidden_states=normed, **kwargs)
     normed, hidden_states = self.post_attention_layernorm(attention_out, residual=hidden_states)
-    return hidden_states + self.mlp(normed)
+    following = self._following_norm
+    if following is None or torch.compiler.is_compiling() or (self.training and _checkpointing(self)):
+        return hidden_states + self.mlp(normed)
+    normed_next, out = following(self.mlp(normed), residual=hidden_states)
+    following.hand_ahead(out, normed_next)
+    return out
+
+
+def _checkpointing(layer) -> bool:
+    """Whether transformers' gradient checkpointing is on for `layer`."""
+    return bool(getattr(layer, "gradient_checkpointing", False))
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):

@@ -16,14 +16,32 @@ from .swiglu import swiglu
 
 
 class RMSNorm(nn.Module):
-    """rms_norm over the last dim with a learned weight; forward(x, residual=None) returns y, or (y, x + residual)."""
+    """rms_norm over the last dim with a learned weight; forward(x, residual=None) returns y, or (y, x + residual).
+
+    hand_ahead(x, y): y = this norm of x, computed by a caller that formed x with a residual add (rms_norm(a, w,
+    residual=b) gives x = a + b and its norm in one kernel: a decoder layer's output and the next layer's input
+    norm). The next forward(x) or take_ahead(x) of that same tensor, unmodified since (its version counter), returns
+    y without a kernel; any other call drops it."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
         self.eps = eps
+        self._ahead: tuple | None = None  # (x, x's version, y) from hand_ahead
+
+    def hand_ahead(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self._ahead = (x, x._version, y)
+
+    def take_ahead(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The y handed ahead for this x, or None."""
+        ahead, self._ahead = self._ahead, None
+        return ahead[2] if ahead is not None and ahead[0] is x and ahead[1] == x._version else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self._ahead is not None and residual is None:
+            y = self.take_ahead(x)
+            if y is not None:
+                return y
         return rms_norm(x, self.weight, self.eps, residual)
 
     def extra_repr(self) -> str:
