@@ -526,6 +526,8 @@ def test_flash_attention_tilelang_backward_plan_matches_the_triton_backward():
                 continue
             pre, main, post = plan.launches
             assert (pre.reads, pre.writes) == (("out", "dout", "lse"), ("delta", "lse_pad"))
+            assert pre.key == f"tile_kernels_tilelang_{kernel.replace('bwd', 'bwd_pre')}_float16_sm90"  # D static
+            assert post.key == f"tile_kernels_tilelang_{kernel.replace('bwd', 'bwd_post')}_float16_sm90"
             assert main.reads == ("q", "k", "v", "dout", "lse_pad", "delta", "dq_acc")
             assert main.writes == ("dk", "dv", "dq_acc")
             assert main.key == f"tile_kernels_tilelang_{kernel}{'_softcap' if softcap else ''}_float16_sm90"
@@ -535,7 +537,7 @@ def test_flash_attention_tilelang_backward_plan_matches_the_triton_backward():
             assert (post.reads, post.writes, post.attrs) == (("dq_acc",), ("dq",), {"scale": main.attrs["scale"]})
     assert fa_tl.backward_unsupported("bfloat16", 128) is None
     assert "sm_90a only, got sm_80" in fa_tl.backward_unsupported("bfloat16", 128, 80)
-    assert len(fa_tl.sm90_variants(["float16", "bfloat16", "float32"])) == 2 * 12
+    assert len(fa_tl.sm90_variants(["float16", "bfloat16", "float32"])) == 2 * 16
     assert fa_core.compiled_backward_unsupported("triton", "float32", 256) is None
     assert "head dims up to 128, got 200" in fa_tl.backward_unsupported("bfloat16", 200)
     assert fa_core.compiled_backward_unsupported("tilelang", "bfloat16", 128) is None  # autograd takes it

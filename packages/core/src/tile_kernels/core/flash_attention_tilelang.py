@@ -157,11 +157,10 @@ def backward_unsupported(dtype: str, head_dim: int, arch: int = 90) -> str | Non
 def kernel_name(head_dim: int, softcap: bool, direction: str = "fwd", config: int = 0) -> str:
     """The kernel that serves this head dim: flash_{direction}_d{bucket}[_pad][_softcap][_c{config}]; direction
     "fwd" (configuration `config` of CONFIGS; padded head dims: c0, built as the first synchronous one), "bwd" (the
-    main backward kernel: configuration `config` of BWD_CONFIGS), "bwd_pre" or "bwd_post" (head dim dynamic, no pad /
-    softcap variants)."""
+    main backward kernel: configuration `config` of BWD_CONFIGS), "bwd_pre" or "bwd_post" (no softcap variants)."""
     d = bucket(head_dim)
     if direction in ("bwd_pre", "bwd_post"):
-        return f"flash_{direction}_d{d}"
+        return f"flash_{direction}_d{d}" + ("" if head_dim == d else "_pad")
     if direction == "fwd" and head_dim != d:
         config = 0  # one padded kernel: prim_func gives it the first synchronous configuration (OVERLAP loads by TMA)
     name = f"flash_{direction}_d{d}" + ("" if head_dim == d else "_pad") + ("_softcap" if softcap else "")
@@ -216,7 +215,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     if kernel == NO_KEYS_KERNEL:
         return _no_keys(dtype)
     if kernel.startswith(("flash_bwd_pre_", "flash_bwd_post_")):
-        return (_bwd_pre if kernel.startswith("flash_bwd_pre_") else _bwd_post)(_parse(kernel)[0], dtype)
+        return (_bwd_pre if kernel.startswith("flash_bwd_pre_") else _bwd_post)(*_parse(kernel)[:2], dtype)
     if kernel.startswith("flash_bwd_"):
         return _bwd(kernel, dtype, tilelang_target)
     d_pad, even, has_softcap, config = _parse(kernel)
@@ -385,13 +384,16 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     return flash_fwd
 
 
-def _bwd_pre(d_pad: int, dtype: str):
+def _bwd_pre(d_pad: int, even: bool, dtype: str):
     """Rows padded to SQP (a multiple of the main kernel's BLOCK_M, so that its TMA loads of these rows see 16-byte
     aligned strides): DELTA[b, h, i] = sum_d OUT[b, i, h, d] * DOUT[b, i, h, d] (0 past Sq) and LSE_PAD[b, h, i] =
-    LSE[b, h, i] (+inf past Sq: P = 0 there); grid (cdiv(SQP, PRE_BLOCK), Hq, B)."""
+    LSE[b, h, i] (+inf past Sq: P = 0 there); grid (cdiv(SQP, PRE_BLOCK), Hq, B). The head dim is static unless
+    padded (`even` False): then its loads cannot be vectorized, the threads take a column each and every row's sum
+    is a reduction over all of them; with it, 16-byte loads and a row's sum over the few threads holding it."""
     import tilelang.language as T
 
-    B, SQ, SQP, HQ, D = T.dynamic("B SQ SQP HQ D")
+    B, SQ, SQP, HQ = T.dynamic("B SQ SQP HQ")
+    D = d_pad if even else T.dynamic("D")
     f32 = "float32"
 
     @T.prim_func
@@ -422,11 +424,13 @@ def _bwd_pre(d_pad: int, dtype: str):
     return flash_bwd_pre
 
 
-def _bwd_post(d_pad: int, dtype: str):
-    """DQ[b, i, h, :D] = scale * DQ_ACC[b, h, i, :D]; grid (cdiv(Sq, PRE_BLOCK), Hq, B)."""
+def _bwd_post(d_pad: int, even: bool, dtype: str):
+    """DQ[b, i, h, :D] = scale * DQ_ACC[b, h, i, :D]; grid (cdiv(Sq, PRE_BLOCK), Hq, B); the head dim static unless
+    padded (as _bwd_pre)."""
     import tilelang.language as T
 
-    B, SQ, SQP, HQ, D = T.dynamic("B SQ SQP HQ D")
+    B, SQ, SQP, HQ = T.dynamic("B SQ SQP HQ")
+    D = d_pad if even else T.dynamic("D")
     f32 = "float32"
 
     @T.prim_func
@@ -708,7 +712,8 @@ def sm90_variants(dtypes, alternatives: bool = False) -> list[tuple[str, str, st
     configurations too (the sweep's candidates)."""
     kernels = [kernel_name(d - pad, softcap, "bwd") for d in BWD_HEAD_DIMS for pad in (0, 1)
                for softcap in (False, True)]  # fmt: skip
-    kernels += [kernel_name(d, False, step) for d in BWD_HEAD_DIMS for step in ("bwd_pre", "bwd_post")]
+    kernels += [kernel_name(d - pad, False, step) for d in BWD_HEAD_DIMS for pad in (0, 1)
+                for step in ("bwd_pre", "bwd_post")]  # fmt: skip
     if alternatives:
         for direction, configs in (("fwd", CONFIGS["sm90"]), ("bwd", BWD_CONFIGS["sm90"])):
             kernels += [kernel_name(d, False, direction, i) for d, cs in configs.items() for i in range(1, len(cs))]
