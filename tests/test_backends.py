@@ -747,6 +747,7 @@ def test_torch_flash_attention_tilelang_refuses_float32_and_passes_opcheck_and_c
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     for op, args in [
         (ops.flash_attention_fwd.default, (q, k, v, True, 8, -1, 0.125, 0.0, "tilelang")),
+        (ops.flash_attention_fwd.default, (q, k, v, True, 8, -1, 0.125, 0.0, "triton", "tilelang")),
         (ops.flash_attention_fwd_compiled.default, (q.detach(), k.detach(), v.detach(), False, -1, -1, 0.2, 2.0,
                                                     "tilelang")),
         (ops.flash_attention.default, (q, k, v, True, [4, 0], None, 0.0, "tilelang")),
@@ -761,6 +762,37 @@ def test_torch_flash_attention_tilelang_refuses_float32_and_passes_opcheck_and_c
         result = torch.library.opcheck(op, args, test_utils=utils)
         assert all(r == "SUCCESS" for r in result.values()), (op, result)
     assert_torch_compile_matches_eager(q, k, v, causal=True, window=(100, -1), backend="tilelang")
+
+
+@gpu_only
+def test_flash_attention_default_runs_each_pass_on_its_fastest_backend(monkeypatch):
+    """backend=None with a gradient wanted, head dim 64 on sm_90: Triton's forward (faster there), TileLang's backward
+    reading its out and lse; the gradients are the Triton backward's. Head dim 128: TileLang for both."""
+    import torch
+
+    import tile_kernels.torch as tk
+    from tile_kernels.torch import flash_attention as adapter
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TileLang backward runs on sm_90a")
+    ran = []
+    for name in ("flash_attention_fwd_compiled", "flash_attention_bwd_compiled"):
+        op = getattr(adapter, name)
+        monkeypatch.setattr(adapter, name, lambda *args, op=op, name=name: ran.append(name) or op(*args))
+    torch.manual_seed(0)
+    for head_dim, want_ran in ((64, ["flash_attention_bwd_compiled"]),
+                               (128, ["flash_attention_fwd_compiled", "flash_attention_bwd_compiled"])):  # fmt: skip
+        q, k, v = (torch.randn(2, 300, h, head_dim, device="cuda", dtype=torch.bfloat16) for h in (4, 2, 2))
+        dout = torch.randn_like(q)
+        grads = []
+        for backend in (None, "triton"):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            ran.clear()
+            out = tk.flash_attention(*leaves, causal=True, backend=backend)
+            grads.append(torch.autograd.grad(out, leaves, dout))
+            assert ran == (want_ran if backend is None else []), (head_dim, backend)
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
 @gpu_only

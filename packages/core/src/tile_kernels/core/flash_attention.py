@@ -823,13 +823,14 @@ def check_backend(backend: str, dtype: str, head_dim: int) -> None:
 
 
 def preferred_backend(arch: int, dtype: str, head_dim: int, backward: bool = False) -> str:
-    """backend=None's choice for inputs of `dtype` and `head_dim` on compute capability `arch` (0: not a CUDA device),
-    `backward`: whether a backward follows (an input wants a gradient): the fastest measured for what the call runs.
+    """backend=None's choice for inputs of `dtype` and `head_dim` on compute capability `arch` (0: not a CUDA device):
+    for the forward, or (`backward`) for the backward that follows it, as the torch adapter runs them (each pass on
+    its own choice: every forward writes out and lse alike; JAX cannot tell at the call and takes the forward's).
     "tilelang" on sm_90 for float16 / bfloat16 at head dim 128, where its forward and backward both beat Triton's
     (H200, 2026-12-03, bf16 4 x 8192 x 32 heads, TFLOP/s: forward + backward 458 against 396, causal 422 against 374);
-    at head dim 64 when a backward follows: its forward is slower (H100, 2026-12-05, causal bf16, 4 x 2048, 32 / 8
-    heads: 0.244 against 0.219 ms), its forward + backward faster (0.990 against 1.016 ms; 4 x 8192 x 32 heads 10.70
-    against 11.45; benchmarks/results/h200/notes.md); "triton" elsewhere (other head dims and architectures are not
+    at head dim 64 the backward (its forward is slower: H100, 2026-12-05, causal bf16, 4 x 2048, 32 / 8 heads, 0.244
+    against 0.219 ms; TileLang's forward + backward 0.990 against Triton's 1.016, Triton's forward + TileLang's
+    backward 0.974; benchmarks/results/h200/notes.md); "triton" elsewhere (other head dims and architectures are not
     measured). resolve falls back to "triton" where TileLang cannot build."""
     if arch != 90 or dtype not in flash_attention_tilelang.DTYPES:
         return "triton"

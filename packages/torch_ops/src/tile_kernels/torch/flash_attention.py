@@ -57,10 +57,11 @@ def _(q, k, v, causal, window_left, window_right, softmax_scale, softcap, backen
 
 def _fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window_left: int, window_right: int,
-    softmax_scale: float, softcap: float, backend: str = "triton",
+    softmax_scale: float, softcap: float, backend: str = "triton", backward_backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Returns (out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32). `backend` is a resolved name
-    (tile_kernels.core.backends.resolve)."""
+    (tile_kernels.core.backends.resolve); `backward_backend` the backward's where it differs (None: `backend`'s).
+    Every backend's forward writes out and lse alike, so any backward reads them."""
     if backend != "triton":
         return flash_attention_fwd_compiled(q, k, v, causal, window_left, window_right, softmax_scale, softcap, backend)
     sizes, settings, qkv = _settings(q, k, v, causal, window_left, window_right, softmax_scale, softcap)
@@ -103,7 +104,9 @@ def _(dout, q, k, v, out, lse, causal, window_left, window_right, softmax_scale,
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *options, backend = inputs
+    q, k, v, *options = inputs[:8]
+    backend, backward_backend = (*inputs[8:], *("triton", None)[len(inputs) - 8 :])  # the defaults of those not given
+    backend = backward_backend or backend
     ctx.options = options
     # the backend's own backward where it has one for these inputs, else Triton's (it reads the same out, lse)
     arch = cuda_arch(q.device) if backend != "triton" else 0
@@ -119,7 +122,7 @@ def _backward(ctx, dout, _dlse):
         dq, dk, dv = flash_attention_bwd_compiled(dout, *ctx.saved_tensors, *ctx.options, ctx.backend)
     else:
         dq, dk, dv = flash_attention_bwd(dout, *ctx.saved_tensors, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 flash_attention_bwd = eager_op("flash_attention_bwd", _bwd)
@@ -134,14 +137,18 @@ def flash_attention(
     (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
     with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D). backend: "triton", "tilelang" (its forward; float16 /
     bfloat16; its backward too on sm_90a for head dims up to 128), or None for the fastest measured for these inputs
-    on the device, forward alone or forward and backward (core.preferred_backend)."""
+    on the device, for the forward and, when a gradient is wanted, for the backward on its own (core.preferred_backend:
+    they may differ)."""
     _, device = validated(core.NAME, core.check, ("q", "k", "v", None, None, None, None), q, k, v, causal, window,
                           softmax_scale, softcap)  # fmt: skip
-    backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    backend = resolve_backend(core.NAME, backend, device, core.preferred_backend, dtype_name(q.dtype), q.shape[-1],
-                              backward)  # fmt: skip
+    dims, backward_backend = (dtype_name(q.dtype), q.shape[-1]), None
+    if backend is None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        backward_backend = resolve_backend(core.NAME, None, device, core.preferred_backend, *dims, True)
+    backend = resolve_backend(core.NAME, backend, device, core.preferred_backend, *dims, False)
+    if backward_backend == backend:
+        backward_backend = None
     causal, (left, right), scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)
-    return flash_attention_fwd(q, k, v, causal, left, right, scale, softcap, backend)[0]
+    return flash_attention_fwd(q, k, v, causal, left, right, scale, softcap, backend, backward_backend)[0]
 
 
 def _public(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0, backend=None):
