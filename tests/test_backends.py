@@ -558,6 +558,11 @@ def test_tilelang_flash_attention_backward_lowers_to_hopper_code():
     wanted = ("tl::tma_load(", "wgmma_ss<", "wgmma_rs<", "tl::tma_store_add(", "warpgroup_reg_alloc",
               "warpgroup_reg_dealloc")  # fmt: skip
     assert [w for w in wanted if w not in source] == []
+    # its pre kernel with the head dim static: 16-byte loads, a row's delta summed over the 8 threads holding it
+    pre = lower("flash_bwd_pre_d64", "bfloat16", "bfloat16", {"kind": "cuda", "arch": "sm_90a"}).kernel_source
+    assert "*(uint4*)(OUT" in pre and "AllReduce<tl::SumOp, 8," in pre and "__syncthreads" not in pre
+    pad = lower("flash_bwd_pre_d64_pad", "bfloat16", "bfloat16", {"kind": "cuda", "arch": "sm_90a"}).kernel_source
+    assert "int D," in pad  # a padded head dim: the dynamic kernel
 
 
 @gpu_only
