@@ -15,10 +15,11 @@ What each switch swaps (every one independent):
              input's gradient summed by the GEMMs of the three (no adds; the MLP's gate_proj and up_proj get the same
              inside nn.SwiGLUMLP)
 - residual:  each decoder layer's post-attention residual add done by its post-attention RMSNorm (rms_norm with
-             residual=: one kernel, and in the backward one, instead of an add and a norm) and the layer input's two
-             gradients (its norm's, the residual stream's) summed in the input norm's backward kernel
-             (norms.rms_norm_and_input), for layers of exactly the Llama family's four parts whose forward returns a
-             tensor (with rms_norm only)
+             residual=: one kernel, and in the backward one, instead of an add and a norm), the layer's output add
+             done by the norm that reads it next (the next layer's input norm, the model's final norm: handed ahead,
+             nn.RMSNorm.hand_ahead; eager, without gradient checkpointing) and the layer input's two gradients (its
+             norm's, the residual stream's) summed in that norm's backward kernel (norms.rms_norm_and_input), for
+             layers of exactly the Llama family's four parts whose forward returns a tensor (with rms_norm only)
 - loss:      the causal-LM forward computes its loss with fused_linear_cross_entropy (the (N, V) logits never
              exist; float32 loss, mean over non-ignored tokens or sum / num_items_in_batch as transformers does); logits
              are returned only when no labels are given
