@@ -105,8 +105,7 @@ def _(dout, q, k, v, out, lse, causal, window_left, window_right, softmax_scale,
 
 def _setup_context(ctx, inputs, output):
     q, k, v, *options = inputs[:8]
-    backend, backward_backend = (*inputs[8:], *("triton", None)[len(inputs) - 8 :])  # the defaults of those not given
-    backend = backward_backend or backend
+    backend = next((b for b in reversed(inputs[8:]) if b is not None), "triton")  # backward_backend, else backend
     ctx.options = options
     # the backend's own backward where it has one for these inputs, else Triton's (it reads the same out, lse)
     arch = cuda_arch(q.device) if backend != "triton" else 0

@@ -159,7 +159,7 @@ def decoder_layer_forward(self, hidden_states, **kwargs):
     backward. Not under torch.compile or gradient checkpointing (where a recomputed layer must save what the first
     pass saved). The keyword arguments go to the attention module as the stock layer passes them."""
     norm = self.input_layernorm
-    normed = norm.take_ahead(hidden_states) if norm._ahead is not None else None
+    normed = norm.take_ahead(hidden_states)
     if normed is None:  # x's two gradients join in its norm's kernel
         normed, hidden_states = rms_norm_and_input(hidden_states, norm.weight, norm.eps)
     attention_out, _ = self.self_attn(hidden_states=normed, **kwargs)
@@ -196,10 +196,10 @@ def _half_tables(cos, sin) -> tuple:
     if _LAST_TABLES[0] is cos and _LAST_TABLES[1] is sin:
         return _LAST_TABLES[2]
     half = cos.shape[-1] // 2
-    tables = cos[..., :half], sin[..., :half]
-    if cos.dim() == 3 and cos.shape[0] == 1:
-        tables = tables[0][0], tables[1][0]  # the same positions in every sequence: one table
-    tables = tables[0].contiguous(), tables[1].contiguous()
+    c, s = cos[..., :half], sin[..., :half]
+    if c.dim() == 3 and c.shape[0] == 1:
+        c, s = c[0], s[0]  # the same positions in every sequence: one table
+    tables = c.contiguous(), s.contiguous()
     if not torch.compiler.is_compiling():
         _LAST_TABLES[:] = cos, sin, tables
     return tables
