@@ -112,6 +112,38 @@ def kernels(step, ids, top: int = 25) -> dict:
             "longest": [(round(g), name) for g, name in long_gaps[:12]]}  # fmt: skip
 
 
+def memory_at_peak(step, ids, top: int = 14) -> dict:
+    """One step under torch's allocation history: the step's peak (MiB above what was allocated before it) and the
+    allocations alive at that moment, summed by where they were made (the innermost three Python frames outside
+    torch), largest first."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=1_000_000)
+    step(ids)
+    torch.cuda.synchronize()
+    trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    alive, total, peak, at_peak = {}, 0, 0, {}
+    for event in trace:
+        if event["action"] == "alloc":
+            alive[event["addr"]] = event
+            total += event["size"]
+        elif event["action"] == "free_completed" and alive.pop(event["addr"], None) is not None:
+            total -= event["size"]
+        if total > peak:
+            peak, at_peak = total, dict(alive)
+    sites = {}
+    for event in at_peak.values():
+        frames = event.get("frames", ())
+        frames = [f for f in frames if "tile_kernels" in f["filename"] or "/torch/" not in f["filename"]][:3]
+        site = " < ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in frames) or "?"
+        count, size = sites.get(site, (0, 0))
+        sites[site] = (count + 1, size + event["size"])
+    ranked = sorted(sites.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"peak_mib": peak / 2**20, "at_peak": [(site, n, size / 2**20) for site, (n, size) in ranked]}
+
+
 def phases(run, model, ids, steps: int = 3) -> dict:
     """Mean host ms (until each call returns) and device ms (CUDA events) of the forward and of the backward."""
     import torch
@@ -137,7 +169,9 @@ def phases(run, model, ids, steps: int = 3) -> dict:
     return {k: sum(t[i] for t in times) / steps for i, k in enumerate(keys)}
 
 
-def measure(model, shape: str, device: str, steps: int, compiled: bool, profiled: bool = False) -> dict:
+def measure(
+    model, shape: str, device: str, steps: int, compiled: bool, profiled: bool = False, memory: bool = False
+) -> dict:
     import torch
 
     *_, vocab, batch, seq = SHAPES[shape]
@@ -166,6 +200,7 @@ def measure(model, shape: str, device: str, steps: int, compiled: bool, profiled
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
     # phases first: measured after a profiled step, the host times came out higher (a profiler's leftover cost)
     profile = {"phases": phases(run, model, batches[0]), "kernels": kernels(step, batches[0])} if profiled else {}
+    profile |= {"memory": memory_at_peak(step, batches[0])} if memory else {}
     return profile | {"ms": ms, "tokens_per_s": batch * seq / ms * 1e3, "peak_gib": peak, "loss": float(loss.item()),
             "warmup_loss": losses[0], "warmup_s": warmup_s}  # fmt: skip
 
@@ -255,6 +290,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="the tiny shape, float32 (a CPU check of the plumbing)")
     p.add_argument("--profile", action="store_true", help="the kernels of one more step (a CUDA device)")
+    p.add_argument("--memory", action="store_true", help="what is allocated at the peak of one more step (CUDA)")
     p.add_argument("--out", help="directory for train_step.json / train_step.md")
     args = p.parse_args(argv)
     if args.device == "cpu":
@@ -273,7 +309,7 @@ def main(argv=None) -> int:
                 row = {"shape": shape, "mode": mode, "variant": variant}
                 try:
                     model = build(shape, variant, args.device, dtype)
-                    row |= measure(model, shape, args.device, args.steps, mode == "compile", args.profile)
+                    row |= measure(model, shape, args.device, args.steps, mode == "compile", args.profile, args.memory)
                 except Exception as e:  # a variant that cannot run is reported, not dropped
                     row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
                 model = None
@@ -286,6 +322,9 @@ def main(argv=None) -> int:
     text = markdown(meta, rows)
     print(text)
     write(args.out, "train_step", meta, rows, text)
+    for r in (r for r in rows if "memory" in r):
+        print(f"{r['variant']}: peak {r['memory']['peak_mib']:.0f} MiB above the step's start; alive then (MiB):")
+        print("\n".join(f"  {size:8.1f} x{n:<4} {site}" for site, n, size in r["memory"]["at_peak"]))
     if args.profile:
         profiled = kernel_markdown(rows)
         print(profiled)

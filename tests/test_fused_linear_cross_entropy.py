@@ -320,6 +320,24 @@ def test_torch_fwd_op_refuses_backward():
 
 
 @needs_torch
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_torch_second_backward_is_refused(reduction):
+    """sum / mean: the backward scales the gradients kept by the forward in place, so a second backward through the
+    same graph (retain_graph) is refused by autograd's saved-tensor version check, not computed from scaled buffers."""
+    import torch
+
+    import tile_kernels.torch as tk
+
+    dev = "cuda" if DEVICE == "gpu" else "cpu"
+    hidden = torch.randn(5, 4, device=dev, requires_grad=True)
+    weight = torch.randn(6, 4, device=dev, requires_grad=True)
+    loss = tk.fused_linear_cross_entropy(hidden, weight, torch.randint(0, 6, (5,), device=dev), reduction=reduction)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+@needs_torch
 @pytest.mark.parametrize("reduction", core.REDUCTIONS)
 def test_torch_compile_matches_eager(reduction):
     """torch.compile(fullgraph=True), forward and backward, gives eager's loss and gradients (on the CPU through

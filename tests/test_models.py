@@ -120,6 +120,43 @@ def test_shared_input_linear_matches_separate_linears():
     assert _relative_error(group[0](x), linears[0](x)) < tol and _relative_error(group[1](y), linears[1](y)) < tol
 
 
+@needs_torch
+def test_swiglu_over_inputs_writes_its_gradients_over_gate_and_up():
+    torch, device, dtype = _setup()
+    import tile_kernels.torch as tk
+    from tile_kernels.torch.swiglu import swiglu_over_inputs
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, 48, device=device, dtype=dtype, requires_grad=True)
+    w_gate, w_up = (torch.randn(72, 48, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+    dy = torch.randn(5, 3, 72, device=device, dtype=dtype)
+    leaves, results = (x, w_gate, w_up), []
+    for op in (tk.swiglu, swiglu_over_inputs):
+        gate, up = x @ w_gate.t(), x @ w_up.t()
+        before = gate.detach().double(), up.detach().double()
+        y = op(gate, up)
+        (y * dy).sum().backward(retain_graph=True)
+        results.append((y, [t.grad for t in leaves]))
+        for t in leaves:
+            t.grad = None
+    (want_y, want_grads), (y, grads) = results
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    assert torch.equal(y, want_y)
+    assert all(_relative_error(got, want) < tol for got, want in zip(grads, want_grads))
+    g64, u64 = before
+    s = torch.sigmoid(g64)  # gate and up now hold their gradients
+    assert _relative_error(gate, dy.double() * u64 * s * (1 + g64 * (1 - s))) < tol
+    assert _relative_error(up, dy.double() * g64 * s) < tol
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (y * dy).sum().backward()  # the saved gate and up are gone: a second backward is refused
+    # a non-contiguous gate (its buffer may be someone's): the plain swiglu, the inputs untouched
+    gate = torch.randn(72, 15, device=device, dtype=dtype).t().requires_grad_()
+    up = torch.randn(15, 72, device=device, dtype=dtype, requires_grad=True)
+    kept = gate.detach().clone(), up.detach().clone()
+    swiglu_over_inputs(gate, up).sum().backward()
+    assert torch.equal(gate.detach(), kept[0]) and torch.equal(up.detach(), kept[1]) and gate.grad is not None
+
+
 def _tiny_config(model_type: str):
     from transformers import AutoConfig
 

@@ -95,19 +95,25 @@ def forward(
 
 def backward(
     rows: int, n: int, *, dtype: str, target: Target, stride_dy: int | None = None, stride_gate: int | None = None,
-    stride_up: int | None = None,
+    stride_up: int | None = None, over_inputs: bool = False,
 ) -> Plan:  # fmt: skip
-    """Inputs dy, gate, up; outputs dgate, dup (rows, n)."""
+    """Inputs dy, gate, up; outputs dgate, dup (rows, n). over_inputs: written over gate and up (contiguous; each
+    program loads its elements before it stores them), which the plan then returns."""
     empty = rows * n == 0
-    buffers = {"dgate": BufferSpec((rows, n), dtype, zeroed=empty), "dup": BufferSpec((rows, n), dtype, zeroed=empty)}
+    if over_inputs:
+        buffers, outputs = {}, ("gate", "up")
+    else:
+        buffers = {name: BufferSpec((rows, n), dtype, zeroed=empty) for name in ("dgate", "dup")}
+        outputs = ("dgate", "dup")
     launches = ()
     if not empty:
         block, warps = _launch_shape(n, target)
-        strides = tuple(n if s is None else s for s in (stride_dy, stride_gate, stride_up))
-        launch = Launch(swiglu_bwd_kernel, (rows, cdiv(n, block)), ("dy", "gate", "up", n) + strides,
-                        ("dgate", "dup"), {"BLOCK_N": block}, warps)  # fmt: skip
+        strides = (stride_dy, *((None, None) if over_inputs else (stride_gate, stride_up)))
+        strides = tuple(n if s is None else s for s in strides)
+        launch = Launch(swiglu_bwd_kernel, (rows, cdiv(n, block)), ("dy", "gate", "up", n) + strides, outputs,
+                        {"BLOCK_N": block}, warps)  # fmt: skip
         launches = (in_units(launch, "N", "stride_dy", "stride_gate", "stride_up"),)
-    return Plan({"dy": dtype, "gate": dtype, "up": dtype}, buffers, launches, ("dgate", "dup"))
+    return Plan({"dy": dtype, "gate": dtype, "up": dtype}, buffers, launches, outputs)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

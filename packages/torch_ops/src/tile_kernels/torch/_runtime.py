@@ -12,6 +12,7 @@ On CPU tensors the kernels run in Triton's interpreter (TRITON_INTERPRET=1)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import operator
 
@@ -48,8 +49,10 @@ def eager_op(name: str, impl, setup_context=None, backward=None, mutates_args=()
     under torch.compile or fake tensors, no dispatch mode or functorch transform that must see the op, no tensor
     subclass such as DTensor), through an autograd.Function made of the same `setup_context` / `backward` when a
     gradient is wanted; the registered op otherwise. Both ways differentiate alike. The call's `.register_fake` is
-    the op's."""
+    the op's. The direct call bumps the version counters of the `mutates_args` tensors, as the op's dispatch does (a
+    saved tensor written since it was saved is then refused by autograd, not read)."""
     op = register(f"tile_kernels::{name}", mutates_args=mutates_args)(impl)
+    mutated = [i for i, arg in enumerate(inspect.signature(impl).parameters) if arg in mutates_args]
     apply = None  # a filled closure cell: triton_op inspects the closures of the functions its body calls
     if backward is not None:
         op.register_autograd(backward, setup_context=setup_context)
@@ -76,7 +79,10 @@ def eager_op(name: str, impl, setup_context=None, backward=None, mutates_args=()
                 wants_grad = wants_grad or a.requires_grad
         if wants_grad and apply is not None and torch.is_grad_enabled():
             return apply(*args)
-        return impl(*args)
+        out = impl(*args)
+        if mutated:
+            torch.autograd.graph.increment_version([args[i] for i in mutated])
+        return out
 
     call.register_fake = op.register_fake
     call.__name__ = call.__qualname__ = name

@@ -12,7 +12,7 @@ from torch import nn
 
 from .norms import layer_norm, rms_norm
 from .rotary import apply_rotary
-from .swiglu import swiglu
+from .swiglu import swiglu_over_inputs
 
 
 class RMSNorm(nn.Module):
@@ -65,7 +65,8 @@ class LayerNorm(nn.Module):
 
 
 class SwiGLUMLP(nn.Module):
-    """down_proj(silu(gate_proj(x)) * up_proj(x)), the product fused (swiglu)."""
+    """down_proj(silu(gate_proj(x)) * up_proj(x)), the product fused (swiglu; its backward writes the gradients over
+    the two projections' outputs, which nothing else reads)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None):
         super().__init__()
@@ -83,7 +84,7 @@ class SwiGLUMLP(nn.Module):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(*shared_input_linear(x, self.gate_proj, self.up_proj)))
+        return self.down_proj(swiglu_over_inputs(*shared_input_linear(x, self.gate_proj, self.up_proj)))
 
 
 class _SharedInputLinear(torch.autograd.Function):
