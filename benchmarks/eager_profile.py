@@ -5,6 +5,7 @@ CUDA) of rms_norm's eager forward + backward at 16384x4096, written to --out as 
 
     python benchmarks/eager_profile.py --out /tmp/profile       # on a GPU machine
     python benchmarks/eager_profile.py --compiled                # the TVM-FFI (TileLang) path beside Triton's
+    python benchmarks/eager_profile.py --split                   # whose launches cost with autograd's threads on
 """
 
 from __future__ import annotations
@@ -199,6 +200,43 @@ def launch_rows(x, ct) -> None:
         print(f"forward + {name:26s}: " + " | ".join(cells), flush=True)
 
 
+def split_rows(x, w, ct) -> None:
+    """Which thread's launches make a tk.rms_norm forward + backward dear with autograd's device threads on: the
+    step with the launches of the calling thread (the forward's), of the other threads (the backward's), or of both
+    skipped (results wrong, host work unchanged up to the driver call), and the backward alone (retained graph)."""
+    import threading
+
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    main_thread, real_run = threading.get_ident(), _runtime._LaunchStep.run
+    skip = {"forward": False, "backward": False}
+
+    def run(self, tensors, addresses, device):
+        if not skip["forward" if threading.get_ident() == main_thread else "backward"]:
+            real_run(self, tensors, addresses, device)
+
+    _runtime._LaunchStep.run = run
+    try:
+        for skipped in ((), ("backward",), ("forward",), ("forward", "backward")):
+            skip.update({k: k in skipped for k in skip})
+            cells = []
+            for threads in (True, False):
+                with torch.autograd.set_multithreading_enabled(threads):
+                    us = wall_us(lambda: torch.autograd.grad(tk.rms_norm(xg, wg), [xg, wg], ct), calls=500)
+                    cells.append(f"threads {'on ' if threads else 'off'} {us:7.1f} us")
+            name = "all launches" if not skipped else f"no {' / '.join(skipped)} launches"
+            print(f"tk.rms_norm fwd+bwd, {name:34s}: " + " | ".join(cells), flush=True)
+        skip.update(forward=False, backward=False)
+        for name, out in (("tk.rms_norm", tk.rms_norm(xg, wg)), ("F.rms_norm", F.rms_norm(xg, (256,), wg, 1e-6))):
+            fn = functools.partial(torch.autograd.grad, out, [xg, wg], ct, retain_graph=True)
+            cells = []
+            for threads in (True, False):
+                with torch.autograd.set_multithreading_enabled(threads):
+                    cells.append(f"threads {'on ' if threads else 'off'} {wall_us(fn, calls=500):7.1f} us")
+            print(f"{name} backward alone (retained graph){'':9s}: " + " | ".join(cells), flush=True)
+    finally:
+        _runtime._LaunchStep.run = real_run
+
+
 def compiled_rows(dev) -> None:
     """The TVM-FFI path (TileLang kernels) beside Triton's: flash_attention's wall and host time a call by backend, the
     raw TVM-FFI forward call, and a cProfile of TileLang forward + backward steps."""
@@ -245,6 +283,7 @@ def main() -> None:
     p.add_argument("--wake", action="store_true", help="only the device-thread wake-up rows")
     p.add_argument("--launch", action="store_true", help="only the rows of what a forward launches")
     p.add_argument("--compiled", action="store_true", help="only the TVM-FFI (TileLang) rows")
+    p.add_argument("--split", action="store_true", help="only the rows of which thread's launches cost")
     args = p.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(4, 256, device=dev, dtype=torch.bfloat16)
@@ -256,6 +295,8 @@ def main() -> None:
         return launch_rows(x, ct)
     if args.compiled:
         return compiled_rows(dev)
+    if args.split:
+        return split_rows(x, w, ct)
     run = _runtime.executor(
         norms.forward, 1, 4, 256, is_rms=True, x_dtype="bfloat16", weight_dtype="bfloat16", has_residual=False,
         has_bias=False, eps=1e-6, target=_runtime.target(dev), stride_x=256, stride_residual=None,
