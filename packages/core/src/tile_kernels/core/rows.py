@@ -101,16 +101,18 @@ def sum_partials_kernel(
 
 def sum_partials(partial: str, out: str, batch: int, programs: int, n: int, target: Target) -> Launch:
     """Launch that reduces a (batch, programs, n) fp32 partial buffer to (batch, n), each column summed by one program
-    in a fixed order (deterministic), 4096 partials (16 KB) a step: 16 columns a program up to 8192 columns (more
-    programs over a narrow weight), 64 beyond; the faster of the two on an H200 at each width measured
+    in a fixed order (deterministic). Up to 8192 columns: 16 columns a program (more programs over a narrow weight),
+    2048 partials (8 KB) a step over 8 warps (benchmarks/sweep_sum_partials.py; at a Llama step's 8 MiB of partials
+    2.2x faster on an H100 than the 4 warps / 4096 partials before); beyond, 64 columns, 4096 partials, 4 warps
     (benchmarks/results/h200/eager.md, "dweight partial sums")."""
-    block_n = min(16 if n <= 8192 else 64, next_power_of_2(n))
+    narrow = n <= 8192
+    block_n = min(16 if narrow else 64, next_power_of_2(n))
     launch = Launch(
         sum_partials_kernel,
         grid=(cdiv(n, block_n), batch),
         reads=(partial, programs, n),
         writes=(out,),
-        constexprs=dict(BLOCK_G=max(1, 4096 // block_n), BLOCK_N=block_n),
-        num_warps=4,
+        constexprs=dict(BLOCK_G=max(1, (2048 if narrow else 4096) // block_n), BLOCK_N=block_n),
+        num_warps=8 if narrow else 4,
     )
     return in_units(launch, "N")
