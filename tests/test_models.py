@@ -155,6 +155,14 @@ def test_swiglu_over_inputs_writes_its_gradients_over_gate_and_up():
     kept = gate.detach().clone(), up.detach().clone()
     swiglu_over_inputs(gate, up).sum().backward()
     assert torch.equal(gate.detach(), kept[0]) and torch.equal(up.detach(), kept[1]) and gate.grad is not None
+    # one tensor as both inputs: the plain swiglu (its two gradients would be written over one buffer)
+    both = torch.randn(4, 72, device=device, dtype=dtype).requires_grad_()
+    kept = both.detach().clone()
+    (swiglu_over_inputs(both, both) * dy.reshape(-1, 72)[:4].to(dtype)).sum().backward()
+    b64 = kept.double()
+    s = torch.sigmoid(b64)
+    want = dy.reshape(-1, 72)[:4].double() * (b64 * s * (1 + b64 * (1 - s)) + b64 * s)
+    assert torch.equal(both.detach(), kept) and _relative_error(both.grad, want) < tol
 
 
 def _tiny_config(model_type: str):

@@ -72,10 +72,12 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def swiglu_over_inputs(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """swiglu(gate, up) for a gate and an up that nothing reads afterwards (a module's intermediates, as in
     nn.SwiGLUMLP): the backward writes dgate and dup over them, so the backward's peak holds no second (rows, n)
-    pair (448 MiB for a Llama-8B MLP on 8192 bf16 tokens). Plain eager calls with contiguous inputs and a gradient
-    wanted; swiglu otherwise. A second backward through the graph is refused (autograd's saved-tensor check)."""
+    pair (448 MiB for a Llama-8B MLP on 8192 bf16 tokens). Plain eager calls with contiguous inputs in two storages
+    and a gradient wanted; swiglu otherwise. A second backward through the graph is refused (autograd's saved-tensor
+    check)."""
     grad = torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)
-    if grad and plain_eager(gate, up) and gate.is_contiguous() and up.is_contiguous():
+    if (grad and plain_eager(gate, up) and gate.is_contiguous() and up.is_contiguous()
+            and gate.untyped_storage().data_ptr() != up.untyped_storage().data_ptr()):  # fmt: skip
         validated(core.NAME, core.check, ("gate", "up"), gate, up)
         return _SwiGLUOverInputs.apply(gate, up)
     return swiglu(gate, up)
