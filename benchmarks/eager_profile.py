@@ -203,10 +203,14 @@ def launch_rows(x, ct) -> None:
 def split_rows(x, w, ct) -> None:
     """Which thread's launches make a tk.rms_norm forward + backward dear with autograd's device threads on: the
     step with the launches of the calling thread (the forward's), of the other threads (the backward's), or of both
-    skipped (results wrong, host work unchanged up to the driver call), and the backward alone (retained graph)."""
+    skipped (results wrong, host work unchanged up to the driver call), the step with a 1 us GIL switch interval and
+    with the garbage collector off, and the backward alone (retained graph)."""
+    import gc
+    import sys
     import threading
 
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    step = lambda: torch.autograd.grad(tk.rms_norm(xg, wg), [xg, wg], ct)  # noqa: E731
     main_thread, real_run = threading.get_ident(), _runtime._LaunchStep.run
     skip = {"forward": False, "backward": False}
 
@@ -221,11 +225,20 @@ def split_rows(x, w, ct) -> None:
             cells = []
             for threads in (True, False):
                 with torch.autograd.set_multithreading_enabled(threads):
-                    us = wall_us(lambda: torch.autograd.grad(tk.rms_norm(xg, wg), [xg, wg], ct), calls=500)
-                    cells.append(f"threads {'on ' if threads else 'off'} {us:7.1f} us")
+                    cells.append(f"threads {'on ' if threads else 'off'} {wall_us(step, calls=500):7.1f} us")
             name = "all launches" if not skipped else f"no {' / '.join(skipped)} launches"
             print(f"tk.rms_norm fwd+bwd, {name:34s}: " + " | ".join(cells), flush=True)
         skip.update(forward=False, backward=False)
+        interval = sys.getswitchinterval()
+        for name, before, after in (
+            ("GIL switch interval 1 us", lambda: sys.setswitchinterval(1e-6), lambda: sys.setswitchinterval(interval)),
+            ("gc disabled", gc.disable, gc.enable),
+        ):
+            before()
+            try:
+                print(f"tk.rms_norm fwd+bwd, {name:34s}: threads on    {wall_us(step, calls=500):7.1f} us", flush=True)
+            finally:
+                after()
         for name, out in (("tk.rms_norm", tk.rms_norm(xg, wg)), ("F.rms_norm", F.rms_norm(xg, (256,), wg, 1e-6))):
             fn = functools.partial(torch.autograd.grad, out, [xg, wg], ct, retain_graph=True)
             cells = []
