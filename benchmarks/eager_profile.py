@@ -154,6 +154,15 @@ def wake_rows(x, ct) -> None:
         print(f"spin {s:4d} us: " + " | ".join(cells), flush=True)
 
 
+def threads_on_off(fn, calls: int = 500) -> str:
+    """wall_us of fn with autograd's device threads on, then off, as one line's cells."""
+    cells = []
+    for threads in (True, False):
+        with torch.autograd.set_multithreading_enabled(threads):
+            cells.append(f"threads {'on ' if threads else 'off'} {wall_us(fn, calls=calls):7.1f} us")
+    return " | ".join(cells)
+
+
 def launch_rows(x, ct) -> None:
     """Which part of a forward makes autograd's device-thread hand-off dear: x*2 as a Python Function whose forward
     also runs (a) a torch kernel, (b) a Triton kernel through Triton's launch, (c) the same through its bound
@@ -192,12 +201,8 @@ def launch_rows(x, ct) -> None:
             def backward(ctx, g):
                 return g * 2
 
-        cells = []
-        for threads in (True, False):
-            with torch.autograd.set_multithreading_enabled(threads):
-                us = wall_us(lambda: torch.autograd.grad(Extra.apply(xg), [xg], ct), calls=500)
-                cells.append(f"threads {'on ' if threads else 'off'} {us:7.1f} us")
-        print(f"forward + {name:26s}: " + " | ".join(cells), flush=True)
+        print(f"forward + {name:26s}: " + threads_on_off(lambda: torch.autograd.grad(Extra.apply(xg), [xg], ct)),
+              flush=True)  # fmt: skip
 
 
 def split_rows(x, w, ct) -> None:
@@ -222,12 +227,8 @@ def split_rows(x, w, ct) -> None:
     try:
         for skipped in ((), ("backward",), ("forward",), ("forward", "backward")):
             skip.update({k: k in skipped for k in skip})
-            cells = []
-            for threads in (True, False):
-                with torch.autograd.set_multithreading_enabled(threads):
-                    cells.append(f"threads {'on ' if threads else 'off'} {wall_us(step, calls=500):7.1f} us")
             name = "all launches" if not skipped else f"no {' / '.join(skipped)} launches"
-            print(f"tk.rms_norm fwd+bwd, {name:34s}: " + " | ".join(cells), flush=True)
+            print(f"tk.rms_norm fwd+bwd, {name:34s}: " + threads_on_off(step), flush=True)
         skip.update(forward=False, backward=False)
         interval = sys.getswitchinterval()
         for name, before, after in (
@@ -241,11 +242,7 @@ def split_rows(x, w, ct) -> None:
                 after()
         for name, out in (("tk.rms_norm", tk.rms_norm(xg, wg)), ("F.rms_norm", F.rms_norm(xg, (256,), wg, 1e-6))):
             fn = functools.partial(torch.autograd.grad, out, [xg, wg], ct, retain_graph=True)
-            cells = []
-            for threads in (True, False):
-                with torch.autograd.set_multithreading_enabled(threads):
-                    cells.append(f"threads {'on ' if threads else 'off'} {wall_us(fn, calls=500):7.1f} us")
-            print(f"{name} backward alone (retained graph){'':9s}: " + " | ".join(cells), flush=True)
+            print(f"{name} backward alone (retained graph){'':9s}: " + threads_on_off(fn), flush=True)
     finally:
         _runtime._LaunchStep.run = real_run
 

@@ -102,14 +102,14 @@ def backward(
     empty = rows * n == 0
     if over_inputs:
         buffers, outputs = {}, ("gate", "up")
+        stride_gate = stride_up = None  # contiguous: the kernel writes rows of n
     else:
         buffers = {name: BufferSpec((rows, n), dtype, zeroed=empty) for name in ("dgate", "dup")}
         outputs = ("dgate", "dup")
     launches = ()
     if not empty:
         block, warps = _launch_shape(n, target)
-        strides = (stride_dy, *((None, None) if over_inputs else (stride_gate, stride_up)))
-        strides = tuple(n if s is None else s for s in strides)
+        strides = tuple(n if s is None else s for s in (stride_dy, stride_gate, stride_up))
         launch = Launch(swiglu_bwd_kernel, (rows, cdiv(n, block)), ("dy", "gate", "up", n) + strides, outputs,
                         {"BLOCK_N": block}, warps)  # fmt: skip
         launches = (in_units(launch, "N", "stride_dy", "stride_gate", "stride_up"),)
