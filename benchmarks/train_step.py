@@ -37,15 +37,20 @@ SHAPES = {
 # tile-kernels: flash_attention's default backend (TileLang on sm_90 at head dims 64 and 128 in training);
 # +triton-attn: its Triton kernels; +sdpa: transformers' SDPA attention. liger last: it patches the modeling module.
 VARIANTS = ("stock", "tile-kernels", "tile-kernels+residual-add", "tile-kernels+adds",
-            "tile-kernels+triton-attn", "tile-kernels+sdpa", "liger")  # fmt: skip
+            "tile-kernels+triton-attn", "tile-kernels+sdpa", "tile-kernels+kept-norms", "liger")  # fmt: skip
 # apply_to's switches per variant (the defaults otherwise); +residual-add keeps the decoder layers' post-attention add;
 # +adds: q / k / v and gate / up as separate Linears (autograd adds their input gradients), the layer input's
-# gradients added by autograd (the input norm as a plain RMSNorm)
+# gradients added by autograd (the input norm as a plain RMSNorm); +kept-norms: the Linears keep the norm outputs they
+# read instead of recomputing them in the backward (nn.remember_norm)
 PATCH = {"tile-kernels+residual-add": dict(residual=False), "tile-kernels+adds": dict(qkv=False),
          "tile-kernels+triton-attn": dict(attention="triton"), "tile-kernels+sdpa": dict(attention=False)}  # fmt: skip
 
 
+_NORM_OF = None  # tile_kernels.torch.nn._norm_of as shipped
+
+
 def build(shape: str, variant: str, device: str, dtype):
+    global _NORM_OF
     import torch
     import transformers
 
@@ -61,7 +66,9 @@ def build(shape: str, variant: str, device: str, dtype):
     if variant.startswith("tile-kernels"):
         import tile_kernels.torch as tk
 
+        _NORM_OF = _NORM_OF or tk.nn._norm_of
         tk.apply_to(model, **PATCH.get(variant, {}))
+        tk.nn._norm_of = _NORM_OF if variant != "tile-kernels+kept-norms" else lambda x: None
         if variant == "tile-kernels+adds":
             for mlp in (m for m in model.modules() if isinstance(m, tk.nn.SwiGLUMLP)):
                 mlp.forward = lambda x, m=mlp: m.down_proj(tk.swiglu(m.gate_proj(x), m.up_proj(x)))

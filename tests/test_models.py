@@ -120,6 +120,55 @@ def test_shared_input_linear_matches_separate_linears():
     assert _relative_error(group[0](x), linears[0](x)) < tol and _relative_error(group[1](y), linears[1](y)) < tol
 
 
+def _node(grad_fn, name: str):
+    """The first autograd node called `name` upstream of grad_fn."""
+    todo = [grad_fn]
+    while todo:
+        node = todo.pop()
+        if node.name() == name:
+            return node
+        todo += [n for n, _ in node.next_functions if n is not None]
+    raise AssertionError(f"no {name} node")
+
+
+@needs_torch
+def test_shared_input_linear_recomputes_a_norm_output_instead_of_keeping_it():
+    torch, device, dtype = _setup()
+    import tile_kernels.torch as tk
+
+    torch.manual_seed(0)
+    norm = tk.nn.RMSNorm(48, eps=1e-5, device=device, dtype=dtype)
+    torch.nn.init.uniform_(norm.weight, 0.5, 1.5)
+    mlp = tk.nn.SwiGLUMLP(48, 80, device=device, dtype=dtype)
+    a, b = (torch.randn(5, 3, 48, device=device, dtype=dtype) for _ in range(2))
+    cotangent = torch.randn(5, 3, 48, device=device, dtype=dtype)
+    grads, kept = [], []
+    for variant in ("noted", "a copy", "modified"):
+        params = [norm.weight, *mlp.parameters()]
+        a_, b_ = a.clone().requires_grad_(), b.clone().requires_grad_()
+        y, h = norm(a_, residual=b_)
+        if variant == "a copy":  # not the norm's output: kept
+            y = y.clone()
+        elif variant == "modified":  # modified after the norm: no longer its output, kept
+            y = y.mul_(1.0)
+        out = mlp(y)
+        node = _node(out.grad_fn, "_SharedInputLinearBackward")  # gate_proj's and up_proj's
+        kept.append(node.saved_tensors[0].data_ptr() == (h if variant == "noted" else y).data_ptr())
+        torch.autograd.backward([out, h], [cotangent, cotangent])
+        grads.append([t.grad for t in (a_, b_, *params)])
+        for p in params:
+            p.grad = None
+    assert kept == [True, True, True]
+    assert all(g is not None for g in grads[0])
+    for got in grads[1:]:  # recomputing the norm's output gives the same gradients, bit for bit
+        assert all(torch.equal(g, w) for g, w in zip(got, grads[0]))
+    y, h = norm(a.clone().requires_grad_(), residual=b)
+    out = mlp(y)
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 @needs_torch
 def test_swiglu_over_inputs_writes_its_gradients_over_gate_and_up():
     torch, device, dtype = _setup()

@@ -36,7 +36,7 @@ import torch
 from .flash_attention import flash_attention
 from .flash_attention_varlen import flash_attention_varlen
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
-from .nn import RMSNorm, SharedInputLinear, SwiGLUMLP
+from .nn import RMSNorm, SharedInputLinear, SwiGLUMLP, remember_norm
 from .norms import rms_norm_and_input
 from .rotary import apply_rotary
 
@@ -162,6 +162,7 @@ def decoder_layer_forward(self, hidden_states, **kwargs):
     normed = norm.take_ahead(hidden_states)
     if normed is None:  # x's two gradients join in its norm's kernel
         normed, hidden_states = rms_norm_and_input(hidden_states, norm.weight, norm.eps)
+        remember_norm(normed, hidden_states, norm.weight, norm.eps)
     attention_out, _ = self.self_attn(hidden_states=normed, **kwargs)
     normed, hidden_states = self.post_attention_layernorm(attention_out, residual=hidden_states)
     following = self._following_norm

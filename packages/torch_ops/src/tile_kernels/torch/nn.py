@@ -2,9 +2,12 @@
 unchanged): RMSNorm (as LlamaRMSNorm / torch.nn.RMSNorm), LayerNorm (as torch.nn.LayerNorm over the last dim),
 SwiGLUMLP (as LlamaMLP: gate_proj, up_proj, down_proj) and Rotary (as LlamaRotaryEmbedding's default rope, applied).
 SharedInputLinear: Linears that read one input (an attention's q_proj, k_proj, v_proj) with the input gradient summed
-in the GEMMs."""
+in the GEMMs. A Linear group reading an RMSNorm's output keeps the norm's input (which the norm's backward keeps
+anyway) in place of the output, and recomputes the output in its backward (remember_norm)."""
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +24,8 @@ class RMSNorm(nn.Module):
     hand_ahead(x, y): y = this norm of x, computed by a caller that formed x with a residual add (rms_norm(a, w,
     residual=b) gives x = a + b and its norm in one kernel: a decoder layer's output and the next layer's input
     norm). The next forward(x) or take_ahead(x) of that same tensor, unmodified since (its version counter), returns
-    y without a kernel; any other call drops it."""
+    y without a kernel; any other call drops it. Its outputs are noted (remember_norm): a shared_input_linear reading
+    one recomputes it in its backward instead of keeping it."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None):
         super().__init__()
@@ -42,10 +46,33 @@ class RMSNorm(nn.Module):
             y = self.take_ahead(x)
             if y is not None:
                 return y
-        return rms_norm(x, self.weight, self.eps, residual)
+        out = rms_norm(x, self.weight, self.eps, residual)
+        y, h = (out, x) if residual is None else out
+        remember_norm(y, h, self.weight, self.eps)
+        return out
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+_NORMS: dict[int, tuple] = {}  # id(y) -> (weakref to y, y's version, h, weight, eps) while y lives (remember_norm)
+
+
+def remember_norm(y: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """Notes that y = rms_norm(h, weight, eps) (h as the norm read it: x, or x + residual), while y lives unmodified,
+    so that a shared_input_linear of y saves h in place of y and recomputes y in its backward: h is what the norm's
+    backward keeps anyway, so one (N, D) tensor less stays alive from forward to backward (a Llama layer's two norm
+    outputs), for one norm forward more in the backward. Eager training only (not under torch.compile)."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return
+    key = id(y)
+    _NORMS[key] = (weakref.ref(y, lambda _: _NORMS.pop(key, None)), y._version, h, weight, eps)
+
+
+def _norm_of(x: torch.Tensor) -> tuple | None:
+    """(h, weight, eps) with x = rms_norm(h, weight, eps) as remember_norm noted it, or None."""
+    noted = _NORMS.get(id(x))
+    return noted[2:] if noted is not None and noted[0]() is x and noted[1] == x._version else None
 
 
 class LayerNorm(nn.Module):
@@ -90,19 +117,26 @@ class SwiGLUMLP(nn.Module):
 class _SharedInputLinear(torch.autograd.Function):
     """y_i = x W_i^T + b_i for Linears reading one x. Backward: dx = sum_i dy_i W_i accumulated by the GEMMs (addmm,
     beta = 1: the sum is rounded once, in the GEMM's epilogue) where autograd runs a GEMM per Linear and an add per
-    further one (each add reads two (N, D) tensors and writes one); dW_i = dy_i^T x, db_i = sum of dy_i's rows."""
+    further one (each add reads two (N, D) tensors and writes one); dW_i = dy_i^T x, db_i = sum of dy_i's rows.
+    norm_of_x: None, or (h, weight, eps) with x = rms_norm(h, weight, eps): then h and weight are saved (torch's
+    version checks guard them) and x is recomputed in the backward (the same kernel on the same input: the same x)."""
 
     @staticmethod
-    def forward(ctx, x, *params):  # params: W_0, b_0, W_1, b_1, ... (a b_i may be None)
+    def forward(ctx, x, norm_of_x, *params):  # params: W_0, b_0, W_1, b_1, ... (a b_i may be None)
         weights, biases = params[0::2], params[1::2]
-        ctx.save_for_backward(x, *weights)
+        ctx.norm_eps = None if norm_of_x is None else norm_of_x[2]
+        ctx.save_for_backward(*((x,) if norm_of_x is None else norm_of_x[:2]), *weights)
         ctx.has_bias = [b is not None for b in biases]
         ctx.set_materialize_grads(False)  # an output that did not reach the loss: None, not zeros
         return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
 
     @staticmethod
     def backward(ctx, *grads):
-        x, *weights = ctx.saved_tensors
+        if ctx.norm_eps is None:
+            x, *weights = ctx.saved_tensors
+        else:
+            h, norm_weight, *weights = ctx.saved_tensors
+            x = rms_norm(h, norm_weight, ctx.norm_eps)
         x2 = x.reshape(-1, x.shape[-1])
         dx, dparams = None, []
         for i, (dy, w, has_bias) in enumerate(zip(grads, weights, ctx.has_bias)):
@@ -112,17 +146,19 @@ class _SharedInputLinear(torch.autograd.Function):
             dy2 = dy.reshape(-1, dy.shape[-1])
             if ctx.needs_input_grad[0]:
                 dx = dy2 @ w if dx is None else dx.addmm_(dy2, w)
-            dparams.append(dy2.t() @ x2 if ctx.needs_input_grad[1 + 2 * i] else None)
-            dparams.append(dy2.sum(0) if has_bias and ctx.needs_input_grad[2 + 2 * i] else None)
-        return (None if dx is None else dx.view(x.shape), *dparams)
+            dparams.append(dy2.t() @ x2 if ctx.needs_input_grad[2 + 2 * i] else None)  # after x and norm_of_x
+            dparams.append(dy2.sum(0) if has_bias and ctx.needs_input_grad[3 + 2 * i] else None)
+        return (None if dx is None else dx.view(x.shape), None, *dparams)
 
 
 def shared_input_linear(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
     """(linear(x) for linear in linears), as one autograd node whose backward sums x's gradient in the GEMMs. Under
-    torch.autocast the Linears run one by one (autocast's casts, autograd's sum)."""
+    torch.autocast the Linears run one by one (autocast's casts, autograd's sum). An x that remember_norm noted is
+    recomputed in the backward, not saved."""
     if torch.is_autocast_enabled(x.device.type):
         return tuple(F.linear(x, linear.weight, linear.bias) for linear in linears)
-    return _SharedInputLinear.apply(x, *(p for linear in linears for p in (linear.weight, linear.bias)))
+    params = (p for linear in linears for p in (linear.weight, linear.bias))
+    return _SharedInputLinear.apply(x, _norm_of(x) if _NORMS else None, *params)
 
 
 class SharedInputLinear(nn.Module):
