@@ -7,6 +7,9 @@ memory, the speed relative to jnp in the same run; writes train_step_jax.json / 
 
     python benchmarks/train_step_jax.py --shape llama-1b --shape llama-8b-4layers --out benchmarks/results/h200
     python benchmarks/train_step_jax.py --tiny        # the plumbing and the loss match, on a CPU (interpret mode)
+
+--profile adds the kernels of one more step, recorded by torch.profiler (CUPTI sees the process's kernels, XLA's
+too; needs torch): device time by kernel and the idle gaps, written as train_step_jax_kernels.md.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import sys
 import time
 
-from train_step import SHAPES, run_meta, write  # the torch script's model shapes (no torch import at module level)
+from train_step import SHAPES, kernels, run_meta, write  # the torch script's (no torch import at module level)
 
 EPS = 1e-5
 
@@ -112,7 +115,7 @@ def loss_fn(ops: dict, shape: str, params: dict, ids, labels):
     return ops["loss"](y.reshape(batch * seq, hidden), params["lm_head"], labels.reshape(-1))
 
 
-def measure(shape: str, variant: str, dtype, steps: int) -> dict:
+def measure(shape: str, variant: str, dtype, steps: int, profile: bool = False) -> dict:
     import functools
 
     import jax
@@ -137,8 +140,11 @@ def measure(shape: str, variant: str, dtype, steps: int) -> dict:
     ms = (time.perf_counter() - started) / steps * 1e3
     stats = jax.devices()[0].memory_stats() or {}
     peak = stats.get("peak_bytes_in_use")
-    return {"ms": ms, "tokens_per_s": batch * seq / ms * 1e3, "peak_gib": None if peak is None else peak / 2**30,
-            "loss": first, "warmup_s": warmup_s}  # fmt: skip
+    row = {"ms": ms, "tokens_per_s": batch * seq / ms * 1e3, "peak_gib": None if peak is None else peak / 2**30,
+           "loss": first, "warmup_s": warmup_s}  # fmt: skip
+    if profile:
+        row["kernels"] = kernels(lambda i: jax.block_until_ready(step(params, ids[i], labels[i])), 0, top=40)
+    return row
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
@@ -176,6 +182,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--tiny", action="store_true", help="the tiny shape in float32 on the CPU (interpret mode)")
     p.add_argument("--out", help="directory for train_step_jax.json / train_step_jax.md")
+    p.add_argument("--profile", action="store_true", help="the kernels of one more step (torch.profiler)")
     args = p.parse_args(argv)
     if args.tiny:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -192,7 +199,7 @@ def main(argv=None) -> int:
         for variant in variants:
             row = {"shape": shape, "variant": variant}
             try:
-                row |= measure(shape, variant, dtype, 2 if args.tiny else args.steps)
+                row |= measure(shape, variant, dtype, 2 if args.tiny else args.steps, args.profile)
             except Exception as e:  # a variant that cannot run is reported, not dropped
                 row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
             jax.clear_caches()
@@ -201,7 +208,25 @@ def main(argv=None) -> int:
     text = markdown(meta, rows)
     print(text)
     write(args.out, "train_step_jax", meta, rows, text)
+    if args.profile:
+        text = kernel_markdown(rows)
+        print(text)
+        if args.out:
+            with open(os.path.join(args.out, "train_step_jax_kernels.md"), "w") as f:
+                f.write(text)
     return 0
+
+
+def kernel_markdown(rows: list[dict]) -> str:
+    lines = ["# Kernels of one JAX training step", ""]
+    for r in (r for r in rows if "kernels" in r):
+        k = r["kernels"]
+        lines += [f"## {r['shape']}, {r['variant']}: wall {k['wall_ms']:.1f} ms (profiled), kernels "
+                  f"{k['kernel_ms']:.1f} ms in {k['launches']} launches", "", "| kernel | calls | ms |",
+                  "|---|---|---|"]  # fmt: skip
+        lines += [f"| `{name}` | {calls} | {ms:.2f} |" for name, calls, ms in k["top"]]
+        lines += ["", f"Idle between kernels: {k['gaps_ms']:.1f} ms; longest (us, kernel after): {k['longest']}", ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
