@@ -19,6 +19,7 @@ between kernels (the profiler's own host cost adds to them), written as train_st
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import gc
 import importlib.metadata
@@ -91,7 +92,8 @@ def _layer_with_adds(self, hidden_states, **kwargs):
 
 def kernels(step, ids, top: int = 25) -> dict:
     """One step under torch.profiler: wall ms, the summed device time of its kernels, the `top` kernels by device
-    time (name, calls, ms), and the device's idle gaps over 20 us (before which kernel, how long)."""
+    time (name, calls, ms), the device's idle gaps over 20 us (before which kernel, how long), and the kernels that
+    memsets most often come between."""
     import tempfile
 
     import torch
@@ -113,10 +115,14 @@ def kernels(step, ids, top: int = 25) -> dict:
     device = sorted((e for e in trace if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")), key=lambda e: e["ts"])
     gaps = [(b["ts"] - a["ts"] - a["dur"], b["name"][:60]) for a, b in zip(device, device[1:])]
     long_gaps = sorted((g for g in gaps if g[0] > 20), reverse=True)
+    between = collections.Counter(
+        (a["name"][:50], c["name"][:50]) for a, b, c in zip(device, device[1:], device[2:]) if b["cat"] == "gpu_memset"
+    )
     return {"wall_ms": wall, "kernel_ms": sum(r[2] for r in rows), "launches": sum(r[1] for r in rows),
             "top": rows[:top], "gaps_ms": sum(g for g, _ in gaps) / 1e3, "long_gaps": len(long_gaps),
             "long_gaps_ms": sum(g for g, _ in long_gaps) / 1e3,
-            "longest": [(round(g), name) for g, name in long_gaps[:12]]}  # fmt: skip
+            "longest": [(round(g), name) for g, name in long_gaps[:12]],
+            "memsets_between": between.most_common(8)}  # fmt: skip
 
 
 def memory_at_peak(step, ids, top: int = 14) -> dict:
@@ -282,6 +288,8 @@ def kernel_markdown(rows: list[dict]) -> str:
             "",
             f"Device idle between its first and last kernel: {k['gaps_ms']:.1f} ms, of which {k['long_gaps']} "
             f"gaps over 20 us: {k['long_gaps_ms']:.1f} ms; the longest (us, the kernel after): {k['longest']}",
+            "",
+            f"Memsets, most often between (count): {k.get('memsets_between')}",
             "",
         ]
     return "\n".join(lines)

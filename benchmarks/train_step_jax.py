@@ -225,7 +225,13 @@ def kernel_markdown(rows: list[dict]) -> str:
                   f"{k['kernel_ms']:.1f} ms in {k['launches']} launches", "", "| kernel | calls | ms |",
                   "|---|---|---|"]  # fmt: skip
         lines += [f"| `{name}` | {calls} | {ms:.2f} |" for name, calls, ms in k["top"]]
-        lines += ["", f"Idle between kernels: {k['gaps_ms']:.1f} ms; longest (us, kernel after): {k['longest']}", ""]
+        lines += [
+            "",
+            f"Idle between kernels: {k['gaps_ms']:.1f} ms; longest (us, kernel after): {k['longest']}",
+            "",
+            f"Memsets, most often between (count): {k['memsets_between']}",
+            "",
+        ]
     return "\n".join(lines)
 
 
