@@ -158,7 +158,8 @@ def shared_input_linear(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Ten
     if torch.is_autocast_enabled(x.device.type):
         return tuple(F.linear(x, linear.weight, linear.bias) for linear in linears)
     params = (p for linear in linears for p in (linear.weight, linear.bias))
-    return _SharedInputLinear.apply(x, _norm_of(x) if _NORMS else None, *params)
+    norm_of_x = None if torch.compiler.is_compiling() or not _NORMS else _norm_of(x)
+    return _SharedInputLinear.apply(x, norm_of_x, *params)
 
 
 class SharedInputLinear(nn.Module):
