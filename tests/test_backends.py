@@ -835,3 +835,30 @@ def test_jax_flash_attention_tilelang_jit_vmap_grad():
     got = jax.jit(jax.grad(loss, (0, 1, 2)), static_argnums=3)(q[0], k[0], v[0], "tilelang")
     for a, b in zip(got, jax.grad(loss, (0, 1, 2))(q[0], k[0], v[0], "triton")):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=5e-2, atol=5e-2)
+
+
+@gpu_only
+@pytest.mark.skipif("jax" not in DRIVERS, reason="jax not installed")
+def test_jax_flash_attention_default_runs_each_pass_on_its_fastest_backend():
+    """backend=None under grad, head dim 64 on sm_90: Triton's forward (no FFI call), TileLang's backward (three FFI
+    calls) reading its out and lse, with the Triton backward's gradients; head dim 128: TileLang for both."""
+    import jax
+    import jax.numpy as jnp
+
+    import tile_kernels.jax as tk
+
+    if jax.devices()[0].compute_capability != "9.0":
+        pytest.skip("the TileLang backward runs on sm_90a")
+
+    def loss(q, k, v, b):
+        return jnp.sum(tk.flash_attention(q, k, v, causal=True, backend=b).astype(jnp.float32) ** 2)
+
+    grad = jax.grad(loss, (0, 1, 2))
+    for head_dim, ffi_calls in ((64, 3), (128, 4)):
+        keys = jax.random.split(jax.random.key(head_dim), 3)
+        q, k, v = (jax.random.normal(key, (2, 300, h, head_dim), jnp.float32).astype(jnp.bfloat16)
+                   for key, h in zip(keys, (4, 2, 2)))  # fmt: skip
+        assert str(jax.make_jaxpr(grad, static_argnums=3)(q, k, v, None)).count("ffi_call[") == ffi_calls
+        got = jax.jit(grad, static_argnums=3)(q, k, v, None)
+        for a, b in zip(got, grad(q, k, v, "triton")):
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=5e-2, atol=5e-2)

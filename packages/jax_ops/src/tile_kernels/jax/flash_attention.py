@@ -1,7 +1,9 @@
 """JAX adapter of tile_kernels.core.flash_attention: custom_vjp for grad (the forward's lse saved as a residual),
 custom_vmap for vmap (the vmapped axis folds into the batch: one launch per kernel). backend="tilelang" runs the
 forward's Plan of Calls (TileLang, through `_calls.run_calls`) in place of the Triton plan, and its backward's for head
-dims up to 128 on sm_90a (the Triton backward elsewhere: core.compiled_backward_unsupported)."""
+dims up to 128 on sm_90a (the Triton backward elsewhere: core.compiled_backward_unsupported). backend=None picks the
+forward's and the backward's backends apart (core.preferred_backend), as the torch adapter does: either backward reads
+either forward's out and lse."""
 
 from __future__ import annotations
 
@@ -67,18 +69,18 @@ def _options(q, k, causal, window, scale, softcap):
     return causal, window, scale, softcap, q.shape[2], k.shape[2]
 
 
-def _forward(q, k, v, causal, window, scale, softcap, backend):
+def _forward(q, k, v, causal, window, scale, softcap, backend, backward_backend):
     call = _forward_call(*_options(q, k, causal, window, scale, softcap), backend)
     out, lse = call(q[None], k[None], v[None])
     return out[0], (q, k, v, out[0], lse[0])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def _flash_attention(q, k, v, causal, window, scale, softcap, backend):
-    return _forward(q, k, v, causal, window, scale, softcap, backend)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7, 8))
+def _flash_attention(q, k, v, causal, window, scale, softcap, backend, backward_backend):
+    return _forward(q, k, v, causal, window, scale, softcap, backend, backward_backend)[0]
 
 
-def _flash_attention_bwd(causal, window, scale, softcap, backend, saved, dout):
+def _flash_attention_bwd(causal, window, scale, softcap, _, backend, saved, dout):
     q, k, v, out, lse = saved
     arch = cuda_arch() if backend != "triton" else 0
     if core.compiled_backward_unsupported(backend, dtype_name(q.dtype), q.shape[-1], arch):
@@ -99,9 +101,13 @@ def flash_attention(
     """Attention of q (B, Sq, Hq, D) over k, v (B, Sk, Hk, D), Hq % Hk == 0; causal aligned bottom-right; window
     (left, right) as flash-attn (-1 = unbounded); softmax_scale defaults to 1 / sqrt(D); softcap > 0 caps the scores
     with softcap * tanh(s / softcap). Returns (B, Sq, Hq, D). backend: "triton", "tilelang" (its forward; float16 /
-    bfloat16; its backward too on sm_90a for head dims up to 128), or None for the fastest measured forward for these
-    inputs on the device (core.preferred_backend; whether a gradient follows is not known here)."""
+    bfloat16; its backward too on sm_90a for head dims up to 128), or None for the fastest measured for these inputs
+    on the device, for the forward and for a backward on its own (core.preferred_backend: they may differ)."""
     core.check(q, k, v, causal, window, softmax_scale, softcap)
-    backend = resolve_backend(core.NAME, backend, core.preferred_backend, dtype_name(q.dtype), q.shape[-1])
+    dims = (dtype_name(q.dtype), q.shape[-1])
+    backward_backend = backend
+    if backend is None:
+        backward_backend = resolve_backend(core.NAME, None, core.preferred_backend, *dims, True)
+    backend = resolve_backend(core.NAME, backend, core.preferred_backend, *dims)
     causal, window, scale, softcap = core.options(q, causal, window, softmax_scale, softcap, backend)
-    return _flash_attention(q, k, v, causal, window, scale, softcap, backend)
+    return _flash_attention(q, k, v, causal, window, scale, softcap, backend, backward_backend)
