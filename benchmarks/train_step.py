@@ -282,17 +282,23 @@ def kernel_markdown(rows: list[dict]) -> str:
                   f"{k['kernel_ms']:.1f} ms in {k['launches']} launches, idle {k['wall_ms'] - k['kernel_ms']:.1f} ms",
                   "", f"Forward: host {p['forward_host_ms']:.1f} ms, device {p['forward_device_ms']:.1f} ms; "
                   f"backward: host {p['backward_host_ms']:.1f} ms, device {p['backward_device_ms']:.1f} ms.",
-                  "", "| kernel | calls | ms |", "|---|---|---|"]  # fmt: skip
-        lines += [f"| `{name}` | {calls} | {ms:.2f} |" for name, calls, ms in k["top"]]
-        lines += [
-            "",
-            f"Device idle between its first and last kernel: {k['gaps_ms']:.1f} ms, of which {k['long_gaps']} "
-            f"gaps over 20 us: {k['long_gaps_ms']:.1f} ms; the longest (us, the kernel after): {k['longest']}",
-            "",
-            f"Memsets, most often between (count): {k.get('memsets_between')}",
-            "",
-        ]
+                  ""]  # fmt: skip
+        lines += kernel_lines(k)
     return "\n".join(lines)
+
+
+def kernel_lines(k: dict) -> list[str]:
+    """A `kernels` result as markdown: the kernel table, the idle gaps, where the memsets sit."""
+    lines = ["| kernel | calls | ms |", "|---|---|---|"]
+    lines += [f"| `{name}` | {calls} | {ms:.2f} |" for name, calls, ms in k["top"]]
+    return lines + [
+        "",
+        f"Device idle between its first and last kernel: {k['gaps_ms']:.1f} ms, of which {k['long_gaps']} "
+        f"gaps over 20 us: {k['long_gaps_ms']:.1f} ms; the longest (us, the kernel after): {k['longest']}",
+        "",
+        f"Memsets, most often between (count): {k['memsets_between']}",
+        "",
+    ]
 
 
 def main(argv=None) -> int:

@@ -80,7 +80,7 @@ def _flash_attention(q, k, v, causal, window, scale, softcap, backend, backward_
     return _forward(q, k, v, causal, window, scale, softcap, backend, backward_backend)[0]
 
 
-def _flash_attention_bwd(causal, window, scale, softcap, _, backend, saved, dout):
+def _flash_attention_bwd(causal, window, scale, softcap, _forward_backend, backend, saved, dout):
     q, k, v, out, lse = saved
     arch = cuda_arch() if backend != "triton" else 0
     if core.compiled_backward_unsupported(backend, dtype_name(q.dtype), q.shape[-1], arch):
