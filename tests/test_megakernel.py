@@ -595,13 +595,21 @@ def test_triton_step_bad_inputs():
         build_decode_step(config, random_weights(config, 0, torch.float32), tile_budget=3000)
     with pytest.raises(ValueError, match="gemv_stages must be 0, 2, 3 or 4, got 1"):
         build_decode_step(config, random_weights(config, 0, torch.float32), gemv_stages=1)
+    weights, tiling = random_weights(config, 0, torch.float32), step.graph.tiling
+    with pytest.raises(ValueError, match="prefetch must be None, True, 'wait' or 'ahead', got 'later'"):
+        kernel_for(config, tiling, 2, weights, prefetch="later")
+    with pytest.raises(ValueError, match="prefetch must be None, True, 'wait' or 'ahead', got 1"):
+        kernel_for(config, tiling, 2, weights, prefetch=1)
+    with pytest.raises(ValueError, match="prefetch_bytes must be None or an int >= 16, got 8"):
+        kernel_for(config, tiling, 2, weights, prefetch="ahead", prefetch_bytes=8)
 
 
 def test_the_gpu_path_compiles_for_sm90():
-    """Without a GPU: the persistent kernel (debug watchdog and L2 prefetch on), a staged PDL launch, a traced launch,
-    the GEMV loops pipelined through cp.async (gemv_stages=3), and every body with its int arguments specialized to 1
-    compile for sm_90 through ptxas, with the acquire loads, nanosleep backoff, globaltimer, release signal, bulk L2
-    prefetch and griddepcontrol in the PTX (a subprocess: the suite's process interprets)."""
+    """Without a GPU: the persistent kernel (debug watchdog, L2 prefetch before the queue's first wait and ahead), a
+    staged PDL launch, a traced launch, the GEMV loops pipelined through cp.async (gemv_stages=3), and every body with
+    its int arguments specialized to 1 compile for sm_90 through ptxas, with the acquire loads, nanosleep backoff,
+    globaltimer, release signal, bulk L2 prefetch and griddepcontrol in the PTX (a subprocess: the suite's process
+    interprets)."""
     import json
     import subprocess
     import sys
@@ -610,7 +618,7 @@ def test_the_gpu_path_compiles_for_sm90():
 import json, sys
 from tile_kernels.megakernel.kernel import compile_ahead
 meta = json.loads(sys.argv[1])
-persistent = compile_ahead(meta, DEBUG=True, PREFETCH=True).asm["ptx"]
+persistent = compile_ahead(meta, DEBUG=True, PREFETCH=2).asm["ptx"]
 staged = compile_ahead(meta, MODE=1, KIND=3, PDL=True, PREFETCH=True).asm["ptx"]
 traced = compile_ahead(meta, TRACING=True).asm["ptx"]
 pipelined = compile_ahead(meta, GEMV_STAGES=3).asm["ptx"]
@@ -763,7 +771,7 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 32, 4, 2, 8, 48))
     monkeypatch.setattr(bench, "CONTEXT", 9)
     result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path))
-    assert result["notes"] == {} and len(calls) == len(result["us"]) == 17
+    assert result["notes"] == {} and len(calls) == len(result["us"]) == 23
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})
@@ -771,3 +779,6 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     assert "| tiny | 9 | megakernel, 4 KV splits | 100 |" in table
     assert "## tiny, context 9: one traced megakernel step" in table and "| GATEUP | " in table
     assert (tmp_path / "tiny_9_trace.json").exists()
+    # --impl: the megakernel and the implementations named by a part of their name
+    chosen = bench.bench_shape("tiny", layers=1, device="cpu", impls=["PDL", "prefetch ahead of 32"])
+    assert list(chosen["us"]) == ["megakernel", "per-op, CUDA graph + PDL", "megakernel, L2 prefetch ahead of 32 KB"]

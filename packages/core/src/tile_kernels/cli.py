@@ -124,7 +124,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", action="append", choices=("bfloat16", "float16", "float32"), help="default bfloat16")
     p.add_argument("--elements", type=int, default=results.ELEMENTS, help="elements per large tensor (default 2^26)")
     p.add_argument("--framework", action="append", choices=("torch", "jax"), help="providers (default both)")
-    p.add_argument("--impl", action="append", help="only implementations whose name contains this (repeatable)")
+    p.add_argument(
+        "--impl",
+        action="append",
+        help="only implementations whose name contains this (repeatable; with --megakernel: the megakernel and these)",
+    )
     p.add_argument("--out", help="directory for results.json/.csv/.md and <op>.png")
     p.add_argument("--render", metavar="JSON", action="append",
                    help="re-render the tables and plots of results.json files (repeatable, merged: a later "
@@ -145,7 +149,9 @@ def bench(argv=None) -> int:
     if args.megakernel:  # its own harness: whole decode steps, not registered ops
         from tile_kernels.megakernel import bench as megakernel_bench
 
-        print(megakernel_bench.markdown(megakernel_bench.run(args.out, args.shape, args.layers, args.context)))
+        print(
+            megakernel_bench.markdown(megakernel_bench.run(args.out, args.shape, args.layers, args.context, args.impl))
+        )
         return 0
     if args.render:
         runs = [results.load(path) for path in args.render]

@@ -9,7 +9,8 @@ five ways in one run on one GPU:
     per-op, CUDA graph + PDL     the same with programmatic dependent launch: each launch prefetches its weights to
                                  L2, then waits for the previous one (griddepcontrol)
 
-and variants of the megakernel that the GPU runs learn from: with the L2 prefetch (off by default); GEMV weight tiles
+and variants of the megakernel that the GPU runs learn from: with the L2 prefetch (off by default; whole tasks or
+their first 32 / 128 KB, before a task's waits or ahead, while the task before runs); GEMV weight tiles
 of 8192 or 32768 elements (tile_budget; the default is kernel.TILE_BUDGET = 16384, two tiles in flight); 4 warps
 (8192-element tiles: the same registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits; 4x O-projection
 rows; the queues balanced by each task's traced run time (trace.py) instead of its estimated bytes. Every
@@ -84,12 +85,13 @@ def bench_shape(
     device: str = "cuda",
     trace_dir: str | None = None,
     context: int | None = None,
+    impls: list[str] | None = None,
 ) -> dict:
-    """Builds the stack with random bf16 weights and times every implementation (recording, not raising, a
-    failure), then traces one megakernel step (trace.py): its table per task kind in the result, and with
-    `trace_dir` the Chrome trace and (with matplotlib) the SM x time plot as files there. `device` "cpu" runs the
-    plumbing in Triton's interpreter (tests, with the timers replaced). `context`: the cached positions the step reads
-    (default CONTEXT)."""
+    """Builds the stack with random bf16 weights and times every implementation (with `impls`, the megakernel and
+    those whose name contains one of them; a failure recorded, not raised), then traces one megakernel step
+    (trace.py): its table per task kind in the result, and with `trace_dir` the Chrome trace and (with matplotlib)
+    the SM x time plot as files there. `device` "cpu" runs the plumbing in Triton's interpreter (tests, with the
+    timers replaced). `context`: the cached positions the step reads (default CONTEXT)."""
     from dataclasses import replace
 
     import torch
@@ -142,7 +144,7 @@ def bench_shape(
     _, trace = step.trace(x, cache.clone(), position)  # each task's run time: the variant scheduled by it
     err["per-op"] = (kernel.staged(x, cache.clone(), position).float() - eager_out).abs().max().item()
     packed = pack_weights(config, layer_weights(config, weights))
-    impls = {
+    timers = {
         "megakernel": lambda: _events_us(lambda: step(x, cache, position)),
         "torch eager": lambda: _events_us(lambda: decode_step(config, weights, x, cache, position), steps=5),
         "CUDA graph": lambda: _graph_us(lambda: decode_step(config, weights, x, cache, position)),
@@ -150,6 +152,13 @@ def bench_shape(
         "per-op, CUDA graph + PDL": lambda: _graph_us(lambda: kernel.staged(x, cache, position, pdl=True)),
         # variants of the default: the L2 prefetch's worth, weight bytes in flight, warps, attention splits
         "megakernel, L2 prefetch": lambda: variant(prefetch=True),
+        # a task's first 32 / 128 KB of each matrix only (the whole tasks' overran the L2), before its waits, or the
+        # next task's while one runs
+        "megakernel, L2 prefetch of 32 KB": lambda: variant(prefetch="wait", prefetch_bytes=32768),
+        "megakernel, L2 prefetch of 128 KB": lambda: variant(prefetch="wait", prefetch_bytes=131072),
+        "megakernel, L2 prefetch ahead": lambda: variant(prefetch="ahead"),
+        "megakernel, L2 prefetch ahead of 32 KB": lambda: variant(prefetch="ahead", prefetch_bytes=32768),
+        "megakernel, L2 prefetch ahead of 128 KB": lambda: variant(prefetch="ahead", prefetch_bytes=131072),
         # tile_budget: elements of a GEMV weight tile, two in flight per CTA (default 16384: 64 KB of bf16 at most)
         "megakernel, 8192-element tiles": lambda: variant(tile_budget=8192),
         # ptxas spills registers at 32768 (sm_90, 8 warps): whether the bytes in flight outweigh the spills
@@ -162,13 +171,17 @@ def bench_shape(
         "megakernel, 4-stage GEMV pipeline, 8192-element tiles": lambda: variant(gemv_stages=4, tile_budget=8192),
         "megakernel, 4 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=4)),
         "megakernel, 8 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=8)),
+        # QKV tiles of 24 rows (Tiling.auto rounds to 16: 32 rows, 96 tasks on 1B's 132 SMs): 128 shorter tasks
+        "megakernel, 24-row QKV tiles": lambda: variant(tiling=replace(step.graph.tiling, qkv=24)),
         # O-projection tiles of 4x the rows: fewer, longer GEMV tasks
         "megakernel, 4x O rows": lambda: variant(tiling=replace(step.graph.tiling, o=4 * step.graph.tiling.o)),
         # the queues balanced by the traced run time of each task instead of its estimated bytes
         "megakernel, queues by traced cost": lambda: variant(costs_ns=trace.costs_ns()),
     }
     times, notes = {}, {}
-    for impl, timer in impls.items():
+    for impl, timer in timers.items():
+        if impls and impl != "megakernel" and not any(part in impl for part in impls):
+            continue
         try:
             times[impl] = timer()
         except Exception as e:  # noqa: BLE001 - recorded with the reason, never dropped silently
@@ -232,7 +245,7 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run(out: str | None = None, shapes=None, layers: int | None = None, contexts=None) -> dict:
+def run(out: str | None = None, shapes=None, layers: int | None = None, contexts=None, impls=None) -> dict:
     import importlib.metadata
 
     import torch
@@ -248,7 +261,7 @@ def run(out: str | None = None, shapes=None, layers: int | None = None, contexts
     }
     for name in shapes or SHAPES:
         for context in contexts or (CONTEXT,):
-            result["shapes"].append(bench_shape(name, layers, trace_dir=out, context=context))
+            result["shapes"].append(bench_shape(name, layers, trace_dir=out, context=context, impls=impls))
             if out:  # after every shape: a cut-short run keeps what it measured
                 os.makedirs(out, exist_ok=True)
                 with open(os.path.join(out, "megakernel.json"), "w") as f:

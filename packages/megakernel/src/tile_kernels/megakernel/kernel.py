@@ -29,12 +29,15 @@ waits for `epoch * threshold`, so no memset sits between steps (the host zeroes 
     value is seen. Activations and KV rows written in this launch are loaded with .cg (L2, never a stale L1 line).
   Every buffer is written once per launch (graph.py), so there are only read-after-write edges: no WAR counters.
 
-Prefetch. Weights never depend on counters. Before spinning on task i's waits the CTA issues a bulk L2 prefetch
-(`cp.async.bulk.prefetch.L2.global`, sm_90+, PF_CHUNKS chunks, one a thread) of task i's weight rows (contiguous in
-the row-major matrices), so HBM streams them while the CTA waits and the GEMV's loads then hit L2: the step is
-bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor 475 us at the H200's measured copy speed).
-Opt-in (prefetch=True) in the persistent kernel, where it measured slower on the H200 (Megakernel); always on in the
-per-op launches; never in the interpreter, before sm_90, or where a row is not a multiple of 16 bytes.
+Prefetch. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.prefetch.L2.global`, sm_90+,
+PF_CHUNKS chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous in the row-major matrices; the first
+PF_CHUNKS x PF_BYTES bytes of them) lets HBM stream them while the CTA waits, and the GEMV's first loads then hit L2:
+the step is bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor 475 us at the H200's measured copy speed).
+PREFETCH 1: task i's own weights before spinning on its waits; 2: the queue's first task's before its waits, then,
+once task i's waits are met, task i + 1's while task i runs (the stream crosses the task boundary). Opt-in in the
+persistent kernel (Megakernel's prefetch / prefetch_bytes: all of a task's rows measured slower on the H200, 132 CTAs'
+prefetches overrunning the 50 MB L2); always on (1, whole tasks) in the per-op launches; never in the interpreter,
+before sm_90, or where a row is not a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in (BN, BK) weight tiles of
@@ -615,7 +618,8 @@ def decode_kernel(
               BLOCK_G, BLOCK_DH, GEMV_STAGES, INTERPRET)  # fmt: skip
     else:
         alive = pid * 0 + 1
-        for i in range(tl.load(QPTR + pid), tl.load(QPTR + pid + 1)):
+        q0, q1 = tl.load(QPTR + pid), tl.load(QPTR + pid + 1)
+        for i in range(q0, q1):
             if alive != 0:
                 t = tl.load(QTASKS + i)
                 kind = tl.load(TASKS + t * NF)
@@ -626,9 +630,10 @@ def decode_kernel(
                 if TRACING:
                     tl.store(TRACE + 4 * t, _now(i, 0, INTERPRET))
                     tl.store(TRACE + 4 * t + 3, pid.to(tl.int64))
-                if PREFETCH:  # weights never wait: start streaming them to L2 before spinning
-                    _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, INTER, QD, HK, MAXSEQ,
-                                   S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
+                if PREFETCH != 0:  # weights never wait: streamed to L2 before spinning (2: the queue's first task)
+                    if (i == q0) | (PREFETCH == 1):
+                        _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, INTER, QD, HK,
+                                       MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
                 for w in range(tl.load(TASKS + t * NF + 5), tl.load(TASKS + t * NF + 6)):
                     if alive != 0:
                         cid = tl.load(WAITS + 2 * w)
@@ -638,6 +643,12 @@ def decode_kernel(
                     tl.debug_barrier()  # no warp reads before every warp has seen the counters
                     if TRACING:
                         tl.store(TRACE + 4 * t + 1, _now(i, 1, INTERPRET))
+                    if PREFETCH == 2:  # the next task's weights stream to L2 while this one runs
+                        if i + 1 < q1:
+                            tn = tl.load(QTASKS + i + 1) * NF
+                            _prefetch_task(tl.load(TASKS + tn), tl.load(TASKS + tn + 1), tl.load(TASKS + tn + 2),
+                                           tl.load(TASKS + tn + 3), tl.load(TASKS + tn + 4), W, KV, OFFS, position,
+                                           NL1, H, INTER, QD, HK, MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
                           MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
                           BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_DH, GEMV_STAGES, INTERPRET)  # fmt: skip
@@ -665,7 +676,9 @@ class Megakernel:
     (a wait that is not records the stuck task like the watchdog), so the interpreter checks the task bodies and the
     counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs.
 
-    Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch (sm_90+; default off);
+    Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of task weights (sm_90+;
+    default None, off): "wait" (or True) a task's own before its waits, "ahead" the next task's while one runs;
+    `prefetch_bytes` caps what is prefetched of each weight matrix of a task (default None: all its rows);
     `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection:
     _gemv keeps two tiles in flight; `gemv_stages` 2-4 instead has Triton software-pipeline the projections' loops
     (gemv_stages - 1 tiles in flight through cp.async into shared memory; 0: the tiles prefetched into registers)."""
@@ -680,7 +693,8 @@ class Megakernel:
         debug: bool = False,
         timeout_s: float = 1.0,
         num_warps: int = 8,
-        prefetch: bool | None = None,
+        prefetch: bool | str | None = None,
+        prefetch_bytes: int | None = None,
         tile_budget: int = TILE_BUDGET,
         gemv_stages: int = 0,
         seed: int | None = None,
@@ -715,6 +729,11 @@ class Megakernel:
         if type(tile_budget) is not int or tile_budget < 1 or tile_budget & (tile_budget - 1):
             raise ValueError(f"megakernel: tile_budget must be a power of two (elements), got {tile_budget!r}")
         self.tile_budget = tile_budget
+        modes = {None: 0, False: 0, True: 1, "wait": 1, "ahead": 2}
+        if not isinstance(prefetch, (str, bool, type(None))) or prefetch not in modes:
+            raise ValueError(f"megakernel: prefetch must be None, True, 'wait' or 'ahead', got {prefetch!r}")
+        if prefetch_bytes is not None and (type(prefetch_bytes) is not int or prefetch_bytes < 16):
+            raise ValueError(f"megakernel: prefetch_bytes must be None or an int >= 16, got {prefetch_bytes!r}")
         if type(gemv_stages) is not int or gemv_stages not in (0, 2, 3, 4):
             raise ValueError(f"megakernel: gemv_stages must be 0, 2, 3 or 4, got {gemv_stages!r}")
         weights = [packed[f"{b}[{layer}]"] for b in WEIGHTS for layer in range(c.num_layers)]
@@ -783,11 +802,16 @@ class Megakernel:
         # the bulk L2 prefetch needs sm_90+ and rows of whole 16-byte chunks. Off by default in the persistent kernel
         # (H200, 2026-11-29: Llama-3-8B 6174 us a step without it, 7069 with; 3.2-1B 1623 / 1640: 132 CTAs
         # prefetching ~0.9 MB of task weights each overrun the 50 MB L2 on 8B); the per-op launches (staged, the
-        # CUDA graph baselines) always prefetch where they can: with PDL it is what runs before the wait
+        # CUDA graph baselines) always prefetch whole tasks where they can: with PDL it is what runs before the wait
         capable = (not self.interpret and torch.cuda.get_device_capability(self.device) >= (9, 0)
                    and all(k * es % 16 == 0 for k in ks))  # fmt: skip
-        self.prefetch = bool(prefetch) and capable
-        self.staged_prefetch = capable
+        self.prefetch = modes[prefetch] if capable else 0
+        pf_chunks = 32 * num_warps  # one chunk a thread
+
+        def pf_bytes(nbytes: int) -> int:  # a chunk's bytes: nbytes in pf_chunks chunks, a multiple of 16
+            return max(16, -(-nbytes // (pf_chunks * 16)) * 16)
+
+        self.staged_prefetch, self.staged_pf_bytes = capable, pf_bytes(max_bytes)
         self.meta = dict(
             G=c.group,
             D=c.head_dim,
@@ -804,8 +828,8 @@ class Megakernel:
             BLOCK_T=ATTN_BLOCK_T,
             BLOCK_G=max(16, _pow2(c.group)),  # tl.dot's operands: >= 16 along every dimension
             BLOCK_DH=max(16, _pow2(c.head_dim // 2)),
-            PF_CHUNKS=32 * num_warps,  # one chunk a thread
-            PF_BYTES=max(16, -(-max_bytes // (32 * num_warps * 16)) * 16),
+            PF_CHUNKS=pf_chunks,
+            PF_BYTES=pf_bytes(max_bytes if prefetch_bytes is None else min(max_bytes, prefetch_bytes)),
             GEMV_STAGES=gemv_stages,
             INTERPRET=self.interpret,
             DEBUG=bool(debug),
@@ -843,7 +867,7 @@ class Megakernel:
         if pdl:
             extra["launch_pdl"] = True
         if mode == STAGED:
-            extra["PREFETCH"] = self.staged_prefetch
+            extra["PREFETCH"], extra["PF_BYTES"] = int(self.staged_prefetch), self.staged_pf_bytes
         import contextlib
 
         import torch
