@@ -1,0 +1,82 @@
+"""The streamed cross-entropy forward that fused_linear_cross_entropy runs on each chunk of logits (rows wider than
+rows.MAX_ROW_BLOCK, the gradient for a unit cotangent written over the logits in place), timed on this machine's GPU
+over its launch parameters: programs (the grid; a program loops over rows), the streamed chunk (BLOCK_V) and warps.
+A program's row is read twice (the online max / sum, then the gradient pass): with few rows in flight the second
+read can come from L2. Each line: device time (triton.testing.do_bench), % of the measured copy bandwidth for one
+read and one write of the logits, and whether its lse and gradient match the default launch's; the default is
+marked *. Llama-3's vocabulary by default:
+
+    python benchmarks/sweep_ce_wide.py [--rows 1024] [--classes 128256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+import triton.testing
+
+from tile_kernels.core import cross_entropy
+from tile_kernels.core.plan import BufferSpec, Plan
+from tile_kernels.torch._runtime import Executor, target
+
+
+def plan_with(rows: int, classes: int, tgt, programs=None, block=None, warps=None) -> Plan:
+    """The forward launch as fused_linear_cross_entropy builds it (gradient in place), with the parameters replaced."""
+    launch = cross_entropy.forward_launch(1, rows, classes, logits="logits", labels="target", loss="loss", lse="lse",
+                                          valid="valid", dlogits="logits", ignore_index=-100, label_smoothing=0.0,
+                                          target=tgt)  # fmt: skip
+    if programs is not None:
+        launch = dataclasses.replace(launch, grid=(programs, 1))
+    if block is not None:
+        launch = dataclasses.replace(launch, constexprs={**launch.constexprs, "BLOCK_V": block})
+    if warps is not None:
+        launch = dataclasses.replace(launch, num_warps=warps)
+    buffers = {n: BufferSpec((1, rows), "float32") for n in ("loss", "lse", "valid")}
+    return Plan({"logits": "bfloat16", "target": "int64"}, buffers, (launch,), ("lse", "logits"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=1024)
+    parser.add_argument("--classes", type=int, default=128256)
+    args = parser.parse_args()
+    rows, classes = args.rows, args.classes
+    device = torch.device("cuda", torch.cuda.current_device())
+    tgt = target(device)
+    copy_src = torch.empty(2**28, dtype=torch.uint8, device=device)
+    copy_dst = torch.empty_like(copy_src)
+    copy_gbs = 2 * copy_src.numel() / triton.testing.do_bench(lambda: copy_dst.copy_(copy_src)) / 1e6
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
+          f"copy {copy_gbs:.0f} GB/s; {rows} x {classes} bf16 logits, {tgt.num_sms} SMs", flush=True)  # fmt: skip
+    logits = torch.randn(rows, classes, device=device, dtype=torch.bfloat16) * 3
+    labels = torch.randint(0, classes, (rows,), device=device)
+    default = plan_with(rows, classes, tgt)
+    launch = default.launches[0]
+    print(f"default: {launch.grid[0]} programs, BLOCK_V {launch.constexprs['BLOCK_V']}, {launch.num_warps} warps")
+    want_lse, want_grad = Executor(default)(logits.clone(), labels, device=device)
+    configs = [(None, None, None)]
+    configs += [
+        (k * tgt.num_sms, block, warps) for k in (1, 2, 4) for block in (4096, 8192, 16384) for warps in (8, 16)
+    ]
+    configs += [(rows, block, warps) for block in (8192, 16384) for warps in (8, 16)]
+    for programs, block, warps in configs:
+        run = Executor(plan_with(rows, classes, tgt, programs, block, warps))
+        try:
+            lse, grad = run(logits.clone(), labels, device=device)
+            same = (
+                max((lse - want_lse).abs().max().item(), (grad.float() - want_grad.float()).abs().max().item()) < 1e-3
+            )
+            work = logits.clone()  # overwritten by the gradient at the first call: the same bytes and exps after
+            ms = triton.testing.do_bench(lambda run=run, work=work: run(work, labels, device=device))
+        except Exception as e:  # noqa: BLE001 - a configuration that does not compile or run is reported
+            print(f"{programs} programs, BLOCK_V {block}, {warps} warps: {type(e).__name__}: {str(e)[:120]}")
+            continue
+        pct = 100 * 2 * logits.numel() * 2 / ms / 1e6 / copy_gbs
+        name = "default*" if programs is None else f"{programs} programs, BLOCK_V {block}, {warps} warps"
+        print(f"{name}: {ms * 1e3:.1f} us {pct:.0f}% {'same' if same else 'DIFFERENT'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
