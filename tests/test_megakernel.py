@@ -203,7 +203,7 @@ def test_a_cross_queue_deadlock_is_found_and_reported_with_its_stuck_waits(probl
     with pytest.raises(DeadlockError) as err:
         interpret(graph, bad, {}, torch.zeros(config.hidden), torch.zeros(config.kv_cache_shape()), 0, rng=1)
     assert any(
-        s.startswith(f"queue 1 stuck at {y.label} waiting for {graph.counters[y.waits[0][0]]} = 0 < 1")
+        s.startswith(f"queue 1 stuck at {y.label} waiting for {graph.counters[y.waits[0][0]]} = 0 < {y.waits[0][1]}")
         for s in err.value.stuck
     ), err.value.stuck
 
@@ -631,7 +631,7 @@ print(json.dumps([persistent, staged, traced]))
 """
     # Llama-3.2-1B's meta at 132 SMs and the default tile budget (16384 elements)
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, BK_O=1024, BN_GU=64, BK_GU=128, BN_D=16,
-                BK_D=1024, BLOCK_S=16, BLOCK_T=64, BLOCK_G=16, BLOCK_DH=32, PF_CHUNKS=256,
+                BK_D=1024, BLOCK_S=16, BLOCK_T=64, BLOCK_G=16, BLOCK_GC=4, BLOCK_DH=32, PF_CHUNKS=256,
                 PF_BYTES=1024, GEMV_STAGES=0, INTERPRET=False, DEBUG=False, PREFETCH=True)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", code, json.dumps(meta)], capture_output=True, text=True, env=env,

@@ -6,7 +6,7 @@ threshold is the number of tasks that signal it (within one launch; a persistent
 compares with epoch x producers). Per layer l, with x[0] the input hidden and x[l + 1] the layer's output:
 
     QKV      rows [lo, hi) of Wqkv (rms(x[l]) w_attn) + bqkv -> qkv[l] waits down[l-1] (every down tile of layer l-1)
-    ATTN     group g, KV split s: rope(q heads of g), rope(k_g), v_g, waits the qkv tiles that cover group g's rows
+    ATTN     group g, KV split s: rope(q heads of g), rope(k_g), v_g, waits qkv[l].g (the tiles of group g's rows)
              then the online-softmax partial (o, m, l) over split s
              of the cached positions 0..position-1 (split 0 also takes
              the new token, from registers) -> att[l]; split 0 writes
@@ -26,9 +26,10 @@ tile. The attention splits are combined once a group (COMBINE), a hop, rather th
 re-read S x Hq x (D + 2) partials each (39% of the SMs' busy time of a Llama-3.2-1B step when it did: the H200 trace
 in benchmarks/results/h200/notes.md). Design limits: batch 1; every intermediate buffer is written once per launch
 (per-layer scratch, so only read-after-write edges exist); Wqkv is packed group-major, [q heads of group g, k_g, v_g]
-for g = 0 .. Hk-1 (its biases bqkv alike, zeros without qkv_bias), so that an ATTN task waits on a contiguous run of
-QKV tiles; the KV splits are static and split s
-covers positions [s c, (s + 1) c) of 0..position-1, c = ceil(position / splits) (a split past the end is empty)."""
+for g = 0 .. Hk-1 (its biases bqkv alike, zeros without qkv_bias), so that a group's rows are a contiguous run of
+QKV tiles, which signal one counter (qkv[l], every tile, where a tile spans two groups); the KV splits are static
+and split s covers positions [s c, (s + 1) c) of 0..position-1, c = ceil(position / splits) (a split past the end is
+empty)."""
 
 from __future__ import annotations
 
@@ -195,8 +196,13 @@ def build_graph(
         wg, wu = buf(f"wgate{L}", c.intermediate * c.hidden, True), buf(f"wup{L}", c.intermediate * c.hidden, True)
         wd = buf(f"wdown{L}", c.hidden * c.intermediate, True)
 
+        # one counter a KV group, not a tile: an ATTN task waits once (a wait a tile cost an acquire load's L2 round
+        # trip each: Llama-3.2-1B's 12 in a row took ~3.7 us on an H100)
         qkv_tiles = tiles(nqkv, t.qkv)
-        for i, (lo, hi) in enumerate(qkv_tiles):
+        stride = (G + 2) * D
+        per_group = all(lo // stride == (hi - 1) // stride for lo, hi in qkv_tiles)
+        qkv_counter = [f"qkv{L}.{g}" if per_group else f"qkv{L}" for g in range(Hk)]  # by KV group
+        for lo, hi in qkv_tiles:
             reads = [Region(x, 0, c.hidden), Region(w_an, 0, c.hidden), Region(wqkv, lo * c.hidden, hi * c.hidden)]
             add(
                 Kind.QKV,
@@ -206,12 +212,12 @@ def build_graph(
                 [*reads, Region(bqkv, lo, hi)],
                 [Region(qkv, lo, hi)],
                 [f"down[{layer - 1}]"] if layer else [],
-                f"qkv{L}.{i}",
+                qkv_counter[lo // stride],
             )
         chunk = -(-max(ctx - 1, 0) // S)
         for g in range(Hk):
             lo, hi = qkv_rows_of_group(c, g)
-            need = [f"qkv{L}.{i}" for i, (a, b) in enumerate(qkv_tiles) if a < hi and lo < b]
+            need = [qkv_counter[g]]
             for s in range(S):
                 row = (s * Hq + g * G) * (D + 2)
                 new_row = [Region(kv_new, g * D, (g + 1) * D), Region(kv_new, (Hk + g) * D, (Hk + g + 1) * D)]

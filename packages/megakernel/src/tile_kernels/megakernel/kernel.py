@@ -301,6 +301,7 @@ def _task(
     BLOCK_S: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    BLOCK_GC: tl.constexpr,
     BLOCK_DH: tl.constexpr,
     GEMV_STAGES: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -442,9 +443,10 @@ def _task(
             tl.store(_ptr(A, OFFS, B_X, layer + 1, NL1) + rows, y, mask=rows < hi)
     elif kind == 5:  # COMBINE of group g = lo: ao[heads of g] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
         sp = tl.arange(0, BLOCK_S)[:, None, None]
-        jg = tl.arange(0, BLOCK_G)[None, :, None]
+        jg = tl.arange(0, BLOCK_GC)[None, :, None]
         d = tl.arange(0, 2 * BLOCK_DH)[None, None, :]
         head = lo * G + jg
+        ao = _ptr(A, OFFS, B_AO, layer, NL1)  # (its offset's load issued with the others, not before the store)
         rec = _ptr(A, OFFS, B_ATT, layer, NL1) + (sp * HQ + head) * (D + 2)  # (S, G, 1): (split, head, [o, m, l])
         sm = (sp < S) & (jg < G)
         # padded splits: m = -inf (weight 0); padded heads: m = 0, l = 1, o = 0 (no NaN); split 0 is never empty
@@ -454,8 +456,8 @@ def _task(
         scale = tl.exp(m - tl.max(m, axis=0)[None, :, :])
         a = tl.sum(scale * o, axis=0) / tl.sum(scale * ell, axis=0)  # (G, 2 BLOCK_DH)
         dd = tl.arange(0, 2 * BLOCK_DH)[None, :]
-        jj = tl.arange(0, BLOCK_G)[:, None]
-        tl.store(_ptr(A, OFFS, B_AO, layer, NL1) + (lo * G + jj) * D + dd, a, mask=(jj < G) & (dd < D))
+        jj = tl.arange(0, BLOCK_GC)[:, None]
+        tl.store(ao + (lo * G + jj) * D + dd, a, mask=(jj < G) & (dd < D))
 
 
 @triton.jit
@@ -582,6 +584,7 @@ def decode_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    BLOCK_GC: tl.constexpr,
     BLOCK_DH: tl.constexpr,
     PF_CHUNKS: tl.constexpr,
     PF_BYTES: tl.constexpr,
@@ -615,7 +618,7 @@ def decode_kernel(
             tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
               eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
-              BLOCK_G, BLOCK_DH, GEMV_STAGES, INTERPRET)  # fmt: skip
+              BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, INTERPRET)  # fmt: skip
     else:
         alive = pid * 0 + 1
         q0, q1 = tl.load(QPTR + pid), tl.load(QPTR + pid + 1)
@@ -651,7 +654,7 @@ def decode_kernel(
                                            NL1, H, INTER, QD, HK, MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
                           MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
-                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_DH, GEMV_STAGES, INTERPRET)  # fmt: skip
+                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, INTERPRET)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
                         tl.store(TRACE + 4 * t + 2, _now(i, 2, INTERPRET))
@@ -827,6 +830,7 @@ class Megakernel:
             BLOCK_S=_pow2(t.kv_splits),
             BLOCK_T=ATTN_BLOCK_T,
             BLOCK_G=max(16, _pow2(c.group)),  # tl.dot's operands: >= 16 along every dimension
+            BLOCK_GC=_pow2(c.group),  # COMBINE's heads (no dot: no padding to 16)
             BLOCK_DH=max(16, _pow2(c.head_dim // 2)),
             PF_CHUNKS=pf_chunks,
             PF_BYTES=pf_bytes(max_bytes if prefetch_bytes is None else min(max_bytes, prefetch_bytes)),
