@@ -71,6 +71,10 @@ TILE_PER_THREAD, TILE_MIN_WARPS = 64, 4
 FEW_WARPS_CLASSES = (1024, 4096)
 REDUCE_BLOCK = 16384  # row losses a step of the loss reduction (one step at 16K rows)
 SEGMENT = 8192  # classes a program of the split forward of rows wider than MAX_ROW_BLOCK
+# chunk of a streamed row (fused_linear_cross_entropy's chunks), 16 warps: benchmarks/sweep_ce_wide.py, 1024 x 128256
+# bf16 on an H100 (2026-12-06), 290 us against 308 at 4096 (rows.WIDE_ROW_BLOCK) and 322 at 16384; a persistent grid
+# of 1-4 programs an SM (the second read from L2) gained nothing (291-303 us)
+STREAM_BLOCK, STREAM_WARPS = 8192, 16
 COMBINE_ROWS, COMBINE_SEGMENTS = 16, 32  # rows and segments a step of its combining launch
 # The row widths and strides are passed in units of 16 elements where they all divide (plan.in_units) and multiplied
 # back by UNIT first: rows then start 16-byte aligned and the loads and stores vectorize under jax-triton too. The
@@ -353,6 +357,8 @@ def _forward_grid(rows: int, n_classes: int, target: Target) -> tuple[int, bool,
     """(block, one_block, warps, tile_rows, programs a problem) of the forward kernel."""
     block, one_block, warps = row_block(n_classes, target)
     programs, tile_rows = rows, 1  # streamed rows: a program per row
+    if not one_block:
+        block, warps = STREAM_BLOCK, min(STREAM_WARPS, 1024 // target.warp_size)
     if one_block:  # persistent programs over tiles, as many as fill each SM's 2048 threads (registers permitting)
         tile_rows = max(1, TILE // block)
         warps = max(TILE_MIN_WARPS, row_block(tile_rows * block, target, per_thread=TILE_PER_THREAD)[2])
