@@ -637,6 +637,10 @@ def decode_kernel(
                     if (i == q0) | (PREFETCH == 1):
                         _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, INTER, QD, HK,
                                        MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
+                if PREFETCH == 2:  # the next task's fields, loaded while this one waits (its prefetch issues after)
+                    tn = tl.load(QTASKS + tl.minimum(i + 1, q1 - 1)) * NF
+                    n_kind, n_layer = tl.load(TASKS + tn), tl.load(TASKS + tn + 1)
+                    n_lo, n_hi, n_split = tl.load(TASKS + tn + 2), tl.load(TASKS + tn + 3), tl.load(TASKS + tn + 4)
                 for w in range(tl.load(TASKS + t * NF + 5), tl.load(TASKS + t * NF + 6)):
                     if alive != 0:
                         cid = tl.load(WAITS + 2 * w)
@@ -648,10 +652,8 @@ def decode_kernel(
                         tl.store(TRACE + 4 * t + 1, _now(i, 1, INTERPRET))
                     if PREFETCH == 2:  # the next task's weights stream to L2 while this one runs
                         if i + 1 < q1:
-                            tn = tl.load(QTASKS + i + 1) * NF
-                            _prefetch_task(tl.load(TASKS + tn), tl.load(TASKS + tn + 1), tl.load(TASKS + tn + 2),
-                                           tl.load(TASKS + tn + 3), tl.load(TASKS + tn + 4), W, KV, OFFS, position,
-                                           NL1, H, INTER, QD, HK, MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
+                            _prefetch_task(n_kind, n_layer, n_lo, n_hi, n_split, W, KV, OFFS, position, NL1, H, INTER,
+                                           QD, HK, MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
                           MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
                           BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, INTERPRET)  # fmt: skip
