@@ -9,11 +9,11 @@ five ways in one run on one GPU:
     per-op, CUDA graph + PDL     the same with programmatic dependent launch: each launch prefetches its weights to
                                  L2, then waits for the previous one (griddepcontrol)
 
-and variants of the megakernel that the GPU runs learn from: with the L2 prefetch (off by default; whole tasks or
-their first 32 / 128 KB, before a task's waits or ahead, while the task before runs); GEMV weight tiles
-of 8192 or 32768 elements (tile_budget; the default is kernel.TILE_BUDGET = 16384, two tiles in flight); 4 warps
-(8192-element tiles: the same registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits; 4x O-projection
-rows; the queues balanced by each task's traced run time (trace.py) instead of its estimated bytes. Every
+and variants of the megakernel that the GPU runs learn from: without the L2 prefetch, with more of it (a task's first
+128 KB of each matrix, or all of it, against the default's 32 KB), or ahead (the next task's while one runs); GEMV
+weight tiles of 8192 or 32768 elements (tile_budget; the default is kernel.TILE_BUDGET = 16384, two tiles in flight);
+4 warps (8192-element tiles: the same registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits; 4x
+O-projection rows; the queues balanced by each task's traced run time (trace.py) instead of its estimated bytes. Every
 megakernel's first launch runs under the watchdog and is compared with the eager step (max |error| recorded).
 
 The floor is (every layer's weights + the KV cache rows read at the context) / the measured copy bandwidth. The
@@ -151,14 +151,12 @@ def bench_shape(
         "per-op, CUDA graph": lambda: _graph_us(lambda: kernel.staged(x, cache, position)),
         "per-op, CUDA graph + PDL": lambda: _graph_us(lambda: kernel.staged(x, cache, position, pdl=True)),
         # variants of the default: the L2 prefetch's worth, weight bytes in flight, warps, attention splits
-        "megakernel, L2 prefetch": lambda: variant(prefetch=True),
-        # a task's first 32 / 128 KB of each matrix only (the whole tasks' overran the L2), before its waits, or the
-        # next task's while one runs
-        "megakernel, L2 prefetch of 32 KB": lambda: variant(prefetch="wait", prefetch_bytes=32768),
-        "megakernel, L2 prefetch of 128 KB": lambda: variant(prefetch="wait", prefetch_bytes=131072),
+        # (the default prefetches a task's first 32 KB of each matrix to L2 before its waits)
+        "megakernel, no L2 prefetch": lambda: variant(prefetch=None),
+        "megakernel, L2 prefetch of 128 KB": lambda: variant(prefetch_bytes=131072),
+        "megakernel, L2 prefetch of whole tasks": lambda: variant(prefetch_bytes=None),
+        # the next task's first 32 KB while one runs
         "megakernel, L2 prefetch ahead": lambda: variant(prefetch="ahead"),
-        "megakernel, L2 prefetch ahead of 32 KB": lambda: variant(prefetch="ahead", prefetch_bytes=32768),
-        "megakernel, L2 prefetch ahead of 128 KB": lambda: variant(prefetch="ahead", prefetch_bytes=131072),
         # tile_budget: elements of a GEMV weight tile, two in flight per CTA (default 16384: 64 KB of bf16 at most)
         "megakernel, 8192-element tiles": lambda: variant(tile_budget=8192),
         # ptxas spills registers at 32768 (sm_90, 8 warps): whether the bytes in flight outweigh the spills

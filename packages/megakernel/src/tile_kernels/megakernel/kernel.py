@@ -34,10 +34,11 @@ PF_CHUNKS chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous 
 PF_CHUNKS x PF_BYTES bytes of them) lets HBM stream them while the CTA waits, and the GEMV's first loads then hit L2:
 the step is bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor 475 us at the H200's measured copy speed).
 PREFETCH 1: task i's own weights before spinning on its waits; 2: the queue's first task's before its waits, then,
-once task i's waits are met, task i + 1's while task i runs (the stream crosses the task boundary). Opt-in in the
-persistent kernel (Megakernel's prefetch / prefetch_bytes: all of a task's rows measured slower on the H200, 132 CTAs'
-prefetches overrunning the 50 MB L2); always on (1, whole tasks) in the per-op launches; never in the interpreter,
-before sm_90, or where a row is not a multiple of 16 bytes.
+once task i's waits are met, task i + 1's while task i runs (the stream crosses the task boundary). The persistent
+kernel's default (Megakernel's prefetch / prefetch_bytes) is 1 with the first PREFETCH_BYTES of each matrix: all of a
+task's rows measured slower (132 CTAs' prefetches overrun the 50 MB L2), and so did 2 (benchmarks/results/h200/
+notes.md); the per-op launches prefetch whole tasks (1). Never in the interpreter, before sm_90, or where a row is not
+a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in (BN, BK) weight tiles of
@@ -100,6 +101,10 @@ ERR_FIELDS = ("flag", "program", "task", "counter", "value", "expected")
 PERSISTENT, STAGED = 0, 1  # MODE: one program per SM walking its queue / one program per task of one stage
 ATTN_BLOCK_T = 64  # cached positions an ATTN task's loop step reads (K and V: 2 x 64 x D elements)
 TILE_BUDGET = 16384  # elements of a weight tile (Megakernel's tile_budget): 32 KB of bf16, two in flight (_gemv)
+# bytes of each weight matrix of a task prefetched to L2 before its waits (Megakernel's prefetch_bytes). H100, context
+# 1024, us a step, none / 32 KB / 128 KB / whole tasks: Llama-3.2-1B 1217 / 1198 / 1242 / 1276 and 1090 / 1061 (a
+# second run), Llama-3-8B 6297 / 6254
+PREFETCH_BYTES = 32768
 
 
 # ------------------------------------------------------------------------------------- PTX helpers (GPU path only)
@@ -201,7 +206,7 @@ def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES:
     two weight tiles and no tile-shaped fp32 accumulator: budget / (32 x num_warps) a thread for 16-bit weights (64 at
     16384 elements and 8 warps; the 8192 budget's tile-shaped accumulator took 64 too).
     Limits: while a tile is multiplied only the next one is in flight, and none between tasks (waits, store, signal;
-    the opt-in L2 prefetch covers that gap but measured slower on the H200); the whole kernel's registers (~240 at
+    the L2 prefetch of a task's first bytes covers part of that gap); the whole kernel's registers (~240 at
     16384, the max over every body plus what is hoisted out of the queue loop) spill at 32768; tasks of few rows make
     BLOCK_K long, so the per-tile reduction crosses warps; a K not a multiple of BLOCK_K masks part of the last tile."""
     rows = lo + tl.arange(0, BLOCK_N)
@@ -681,9 +686,9 @@ class Megakernel:
     (a wait that is not records the stuck task like the watchdog), so the interpreter checks the task bodies and the
     counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs.
 
-    Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of task weights (sm_90+;
-    default None, off): "wait" (or True) a task's own before its waits, "ahead" the next task's while one runs;
-    `prefetch_bytes` caps what is prefetched of each weight matrix of a task (default None: all its rows);
+    Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of task weights (sm_90+):
+    "wait" (the default; or True) a task's own before its waits, "ahead" the next task's while one runs, None off;
+    `prefetch_bytes` what is prefetched of each weight matrix of a task (default PREFETCH_BYTES; None: all its rows);
     `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection:
     _gemv keeps two tiles in flight; `gemv_stages` 2-4 instead has Triton software-pipeline the projections' loops
     (gemv_stages - 1 tiles in flight through cp.async into shared memory; 0: the tiles prefetched into registers)."""
@@ -698,8 +703,8 @@ class Megakernel:
         debug: bool = False,
         timeout_s: float = 1.0,
         num_warps: int = 8,
-        prefetch: bool | str | None = None,
-        prefetch_bytes: int | None = None,
+        prefetch: bool | str | None = "wait",
+        prefetch_bytes: int | None = PREFETCH_BYTES,
         tile_budget: int = TILE_BUDGET,
         gemv_stages: int = 0,
         seed: int | None = None,
@@ -804,10 +809,8 @@ class Megakernel:
             min(t.qkv, nqkv) * c.hidden, min(t.o, c.hidden) * c.q_size, min(t.gateup, c.intermediate) * c.hidden,
             min(t.down, c.hidden) * c.intermediate,
         ) * es  # fmt: skip
-        # the bulk L2 prefetch needs sm_90+ and rows of whole 16-byte chunks. Off by default in the persistent kernel
-        # (H200, 2026-11-29: Llama-3-8B 6174 us a step without it, 7069 with; 3.2-1B 1623 / 1640: 132 CTAs
-        # prefetching ~0.9 MB of task weights each overrun the 50 MB L2 on 8B); the per-op launches (staged, the
-        # CUDA graph baselines) always prefetch whole tasks where they can: with PDL it is what runs before the wait
+        # the bulk L2 prefetch needs sm_90+ and rows of whole 16-byte chunks. The per-op launches (staged, the CUDA
+        # graph baselines) always prefetch whole tasks where they can: with PDL it is what runs before the wait
         capable = (not self.interpret and torch.cuda.get_device_capability(self.device) >= (9, 0)
                    and all(k * es % 16 == 0 for k in ks))  # fmt: skip
         self.prefetch = modes[prefetch] if capable else 0
