@@ -350,6 +350,24 @@ def test_config_from_hf_and_llama3_rope_scaling():
     assert scaled[0] == 1.0 and scaled[-1] < plain[-1]
 
 
+@given(problems())
+def test_every_task_waits_on_one_counter_at_most(problem):
+    """An ATTN task waits once, on its group's QKV counter (the tiles of the group's rows; one counter a layer where a
+    tile spans two groups), not on each tile: every wait is an acquire load's L2 round trip."""
+    config, tiling, num_sms = problem
+    graph, _ = built(config, tiling, num_sms)
+    assert all(len(t.waits) <= 1 for t in graph.tasks)
+    stride = (config.group + 2) * config.head_dim
+    producers = graph.producers()
+    for t in graph.tasks:
+        if t.kind == Kind.ATTN:
+            cid, threshold = t.waits[0]
+            tiles = [graph.tasks[p] for p in producers[cid]]
+            assert threshold == len(tiles) and all(p.kind == Kind.QKV and p.layer == t.layer for p in tiles)
+            rows = set().union(*(range(p.lo, p.hi) for p in tiles))
+            assert set(range(t.lo * stride, (t.lo + 1) * stride)) <= rows  # group t.lo's rows
+
+
 def test_the_llama_3_2_1b_graph_schedules_onto_132_sms():
     c = DecoderConfig.from_hf(LLAMA_3_2_1B, max_seq=2048)
     graph = build_graph(c, Tiling.auto(c, 132), context_hint=1024)
@@ -358,6 +376,8 @@ def test_the_llama_3_2_1b_graph_schedules_onto_132_sms():
     weights = sum(r.hi - r.lo for t in graph.tasks for r in t.reads if r.buffer.startswith("w")) * 2
     assert weights / 4.8e12 * 1e9 > 400e3 and sched.est_finish_ns > weights / 4.8e12 * 1e9
     assert max(map(len, sched.queues)) - min(map(len, sched.queues)) <= len(graph.tasks) // 132
+    attn = next(t for t in graph.tasks if t.kind == Kind.ATTN)  # the 12 QKV tiles of its group, one counter
+    assert graph.counters[attn.waits[0][0]] == "qkv[0].0" and attn.waits[0][1] == 12
 
 
 @pytest.mark.parametrize(
