@@ -116,11 +116,13 @@ class Trace:
         programs = int(self.times[:, 3].max()) + 1 if len(self.times) else 1
         fig, ax = plt.subplots(figsize=(14, max(3, programs * 0.06)))
         colors = dict(zip(Kind, plt.get_cmap("tab10").colors, strict=False))
+        bars = {}  # (program, kind or None for a wait) -> its (start, width) ranges: one artist each, not one a task
         for task, (wait, run, end, program) in zip(self.graph.tasks, self.times.tolist(), strict=True):
-            if end < 0:
-                continue
-            ax.broken_barh([(wait / 1e3, (run - wait) / 1e3)], (program, 0.9), color="0.85")
-            ax.broken_barh([(run / 1e3, (end - run) / 1e3)], (program, 0.9), color=colors[Kind(task.kind)])
+            if end >= 0:
+                bars.setdefault((program, None), []).append((wait / 1e3, (run - wait) / 1e3))
+                bars.setdefault((program, Kind(task.kind)), []).append((run / 1e3, (end - run) / 1e3))
+        for (program, kind), ranges in bars.items():
+            ax.broken_barh(ranges, (program, 0.9), color="0.85" if kind is None else colors[kind])
         ax.set_xlabel("us" if self.clock.startswith("globaltimer") else "logical ticks / 1000")
         ax.set_ylabel("program (SM)")
         handles = [plt.Rectangle((0, 0), 1, 1, color=c, label=k.name) for k, c in colors.items()]
