@@ -20,6 +20,7 @@ import triton.testing
 from tile_kernels.core import cross_entropy
 from tile_kernels.core.plan import BufferSpec, Plan
 from tile_kernels.torch._runtime import Executor, target
+from tile_kernels.torch.bench import _copy_gbs
 
 
 def plan_with(rows: int, classes: int, tgt, programs=None, block=None, warps=None) -> Plan:
@@ -45,9 +46,7 @@ def main() -> None:
     rows, classes = args.rows, args.classes
     device = torch.device("cuda", torch.cuda.current_device())
     tgt = target(device)
-    copy_src = torch.empty(2**28, dtype=torch.uint8, device=device)
-    copy_dst = torch.empty_like(copy_src)
-    copy_gbs = 2 * copy_src.numel() / triton.testing.do_bench(lambda: copy_dst.copy_(copy_src)) / 1e6
+    copy_gbs = _copy_gbs(device)  # the bench's copy ceiling
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
           f"copy {copy_gbs:.0f} GB/s; {rows} x {classes} bf16 logits, {tgt.num_sms} SMs", flush=True)  # fmt: skip
     logits = torch.randn(rows, classes, device=device, dtype=torch.bfloat16) * 3

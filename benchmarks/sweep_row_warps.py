@@ -15,6 +15,7 @@ import triton.testing
 
 from tile_kernels.core import cross_entropy, norms, softmax
 from tile_kernels.torch._runtime import Executor, target
+from tile_kernels.torch.bench import _copy_gbs
 
 WIDTHS = (256, 1024, 2048, 4096, 8192, 16384)
 WARPS = (1, 2, 4, 8, 16, 32)
@@ -29,9 +30,7 @@ def with_warps(plan, warps: int):
 def main() -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     tgt = target(device)
-    copy_src = torch.empty(2**28, dtype=torch.uint8, device=device)
-    copy_dst = torch.empty_like(copy_src)
-    copy_gbs = 2 * copy_src.numel() / triton.testing.do_bench(lambda: copy_dst.copy_(copy_src)) / 1e6
+    copy_gbs = _copy_gbs(device)  # the bench's copy ceiling
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
           f"copy {copy_gbs:.0f} GB/s", flush=True)  # fmt: skip
     try:
