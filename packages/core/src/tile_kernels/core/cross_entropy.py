@@ -355,16 +355,15 @@ Ref = str | Rows | None
 
 def _forward_grid(rows: int, n_classes: int, target: Target) -> tuple[int, bool, int, int, int]:
     """(block, one_block, warps, tile_rows, programs a problem) of the forward kernel."""
-    block, one_block, warps = row_block(n_classes, target)
-    programs, tile_rows = rows, 1  # streamed rows: a program per row
-    if not one_block:
-        block, warps = STREAM_BLOCK, min(STREAM_WARPS, 1024 // target.warp_size)
-    if one_block:  # persistent programs over tiles, as many as fill each SM's 2048 threads (registers permitting)
-        tile_rows = max(1, TILE // block)
-        warps = max(TILE_MIN_WARPS, row_block(tile_rows * block, target, per_thread=TILE_PER_THREAD)[2])
-        programs = programs_per_problem(cdiv(rows, tile_rows), target, waves=max(1, 2048 // (warps * target.warp_size)))
-        if FEW_WARPS_CLASSES[0] <= block <= FEW_WARPS_CLASSES[1] and target.warp_size == 32:
-            warps = 2
+    block, one_block, _ = row_block(n_classes, target)
+    if not one_block:  # streamed rows: a program per row
+        return STREAM_BLOCK, False, min(STREAM_WARPS, 1024 // target.warp_size), 1, rows
+    # persistent programs over tiles, as many as fill each SM's 2048 threads (registers permitting)
+    tile_rows = max(1, TILE // block)
+    warps = max(TILE_MIN_WARPS, row_block(tile_rows * block, target, per_thread=TILE_PER_THREAD)[2])
+    programs = programs_per_problem(cdiv(rows, tile_rows), target, waves=max(1, 2048 // (warps * target.warp_size)))
+    if FEW_WARPS_CLASSES[0] <= block <= FEW_WARPS_CLASSES[1] and target.warp_size == 32:
+        warps = 2
     return block, one_block, warps, tile_rows, programs
 
 
