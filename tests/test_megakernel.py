@@ -442,17 +442,19 @@ def kernel_for(config, tiling, num_sms, weights, device="cpu", **kw):
 
 @needs_interpreter
 @settings(max_examples=8)
-@given(problems(max_layers=2), st.integers(0, 2**31 - 1), st.sampled_from([16, 128, 16384]), st.sampled_from([0, 3]))
-def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed, tile_budget, gemv_stages):
+@given(problems(max_layers=2), st.integers(0, 2**31 - 1), st.sampled_from([16, 128, 16384]), st.sampled_from([0, 3]),
+       st.booleans())  # fmt: skip
+def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed, tile_budget, gemv_stages, evict_first):
     """Every task body of the kernel (grid=(1,), Triton's interpreter), in a random legal interleaving of the queues,
     writes its NaN-poisoned scratch buffers, the KV cache row and the output as the reference interpreter does; small
     tile budgets make every GEMV loop run several (masked) tiles, as the real shapes do; both GEMV loop forms (tiles
-    prefetched into registers, or Triton's pipeline)."""
+    prefetched into registers, or Triton's pipeline), with the weight loads' L2 eviction policy or without."""
     from tile_kernels.megakernel.kernel import SCRATCH
 
     config, tiling, num_sms = problem
     weights = random_weights(config, seed, torch.float32)
-    kernel = kernel_for(config, tiling, num_sms, weights, seed=seed, tile_budget=tile_budget, gemv_stages=gemv_stages)
+    kernel = kernel_for(config, tiling, num_sms, weights, seed=seed, tile_budget=tile_budget, gemv_stages=gemv_stages,
+                        weights_evict_first=evict_first)  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     cache = torch.randn(config.kv_cache_shape(), generator=gen)
     cache_ref = cache.clone()
@@ -616,20 +618,22 @@ def test_triton_step_bad_inputs():
     with pytest.raises(ValueError, match="gemv_stages must be 0, 2, 3 or 4, got 1"):
         build_decode_step(config, random_weights(config, 0, torch.float32), gemv_stages=1)
     weights, tiling = random_weights(config, 0, torch.float32), step.graph.tiling
-    with pytest.raises(ValueError, match="prefetch must be None, True, 'wait' or 'ahead', got 'later'"):
+    with pytest.raises(ValueError, match="prefetch must be None, True, 'wait', 'ahead' or 'next', got 'later'"):
         kernel_for(config, tiling, 2, weights, prefetch="later")
-    with pytest.raises(ValueError, match="prefetch must be None, True, 'wait' or 'ahead', got 1"):
+    with pytest.raises(ValueError, match="prefetch must be None, True, 'wait', 'ahead' or 'next', got 1"):
         kernel_for(config, tiling, 2, weights, prefetch=1)
+    with pytest.raises(TypeError, match="weights_evict_first must be a bool, got 'yes'"):
+        kernel_for(config, tiling, 2, weights, weights_evict_first="yes")
     with pytest.raises(ValueError, match="prefetch_bytes must be None or an int >= 16, got 8"):
         kernel_for(config, tiling, 2, weights, prefetch="ahead", prefetch_bytes=8)
 
 
 def test_the_gpu_path_compiles_for_sm90():
-    """Without a GPU: the persistent kernel (debug watchdog, L2 prefetch before the queue's first wait and ahead), a
-    staged PDL launch, a traced launch, the GEMV loops pipelined through cp.async (gemv_stages=3), and every body with
-    its int arguments specialized to 1 compile for sm_90 through ptxas, with the acquire loads, nanosleep backoff,
-    globaltimer, release signal, bulk L2 prefetch and griddepcontrol in the PTX (a subprocess: the suite's process
-    interprets)."""
+    """Without a GPU: the persistent kernel (debug watchdog, L2 prefetch before the queue's first wait and ahead; the
+    next task's before the waits, with evict_first weight loads), a staged PDL launch, a traced launch, the GEMV loops
+    pipelined through cp.async (gemv_stages=3), and every body with its int arguments specialized to 1 compile for
+    sm_90 through ptxas, with the acquire loads, nanosleep backoff, globaltimer, release signal, bulk L2 prefetch and
+    griddepcontrol in the PTX (a subprocess: the suite's process interprets)."""
     import json
     import subprocess
     import sys
@@ -640,8 +644,12 @@ from tile_kernels.megakernel.kernel import compile_ahead
 meta = json.loads(sys.argv[1])
 persistent = compile_ahead(meta, DEBUG=True, PREFETCH=2).asm["ptx"]
 staged = compile_ahead(meta, MODE=1, KIND=3, PDL=True, PREFETCH=True).asm["ptx"]
-traced = compile_ahead(meta, TRACING=True).asm["ptx"]
 pipelined = compile_ahead(meta, GEMV_STAGES=3).asm["ptx"]
+traced = compile_ahead(meta, TRACING=True).asm["ptx"]
+evicting = compile_ahead(meta, PREFETCH=3, EVICT="evict_first").asm["ptx"]
+assert "L2::evict_first" in evicting and "L2::evict_first" not in persistent, "the weight loads' eviction policy"
+bulk = "cp.async.bulk.prefetch.L2.global"
+assert evicting.count(bulk) > traced.count(bulk), "the next task's prefetch"  # (traced: PREFETCH 1, one site)
 assert pipelined.count("cp.async.cg") > persistent.count("cp.async.cg"), "the GEMV loops are not pipelined"
 ones = dict.fromkeys(("epoch", "position", "task0", "NL", "H", "INTER", "HK", "MAXSEQ", "S"), 1)
 for kind in range(6):  # Triton passes an int argument equal to 1 as a constexpr: every body must compile so
@@ -652,7 +660,7 @@ print(json.dumps([persistent, staged, traced]))
     # Llama-3.2-1B's meta at 132 SMs and the default tile budget (16384 elements)
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, BK_O=1024, BN_GU=64, BK_GU=128, BN_D=16,
                 BK_D=1024, BLOCK_S=16, BLOCK_T=64, BLOCK_G=16, BLOCK_GC=4, BLOCK_DH=32, PF_CHUNKS=256,
-                PF_BYTES=1024, GEMV_STAGES=0, INTERPRET=False, DEBUG=False, PREFETCH=True)  # fmt: skip
+                PF_BYTES=1024, GEMV_STAGES=0, EVICT="", INTERPRET=False, DEBUG=False, PREFETCH=True)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", code, json.dumps(meta)], capture_output=True, text=True, env=env,
                          timeout=300)  # fmt: skip
@@ -791,7 +799,7 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 32, 4, 2, 8, 48))
     monkeypatch.setattr(bench, "CONTEXT", 9)
     result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path))
-    assert result["notes"] == {} and len(calls) == len(result["us"]) == 21
+    assert result["notes"] == {} and len(calls) == len(result["us"]) == 26
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})

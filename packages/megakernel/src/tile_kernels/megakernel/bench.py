@@ -157,6 +157,17 @@ def bench_shape(
         "megakernel, L2 prefetch of whole tasks": lambda: variant(prefetch_bytes=None),
         # the next task's first 32 KB while one runs
         "megakernel, L2 prefetch ahead": lambda: variant(prefetch="ahead"),
+        # a task's and the next task's first bytes before its waits: the attention block's idle HBM streams MLP rows
+        "megakernel, L2 prefetch of the next task": lambda: variant(prefetch="next"),
+        "megakernel, L2 prefetch of the next task, 128 KB": lambda: variant(prefetch="next", prefetch_bytes=131072),
+        # weight loads L2 evict_first (read once): the prefetched lines stay until used
+        "megakernel, evict-first weights": lambda: variant(weights_evict_first=True),
+        "megakernel, evict-first weights, L2 prefetch of whole tasks": lambda: variant(
+            weights_evict_first=True, prefetch_bytes=None
+        ),
+        "megakernel, evict-first weights, L2 prefetch of the next task, 128 KB": lambda: variant(
+            weights_evict_first=True, prefetch="next", prefetch_bytes=131072
+        ),
         # tile_budget: elements of a GEMV weight tile, two in flight per CTA (default 16384: 64 KB of bf16 at most)
         "megakernel, 8192-element tiles": lambda: variant(tile_budget=8192),
         # ptxas spills registers at 32768 (sm_90, 8 warps): whether the bytes in flight outweigh the spills

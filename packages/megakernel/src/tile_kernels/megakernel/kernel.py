@@ -34,7 +34,10 @@ PF_CHUNKS chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous 
 PF_CHUNKS x PF_BYTES bytes of them) lets HBM stream them while the CTA waits, and the GEMV's first loads then hit L2:
 the step is bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor 475 us at the H200's measured copy speed).
 PREFETCH 1: task i's own weights before spinning on its waits; 2: the queue's first task's before its waits, then,
-once task i's waits are met, task i + 1's while task i runs (the stream crosses the task boundary). The persistent
+once task i's waits are met, task i + 1's while task i runs (the stream crosses the task boundary); 3: task i's and
+task i + 1's before task i's waits (an SM waiting out the attention block streams its gate/up rows meanwhile). With
+weights_evict_first the GEMV's weight loads are marked L2 evict_first (read once a step: they leave before the
+prefetched lines, activations and KV rows). The persistent
 kernel's default (Megakernel's prefetch / prefetch_bytes) is 1 with the first PREFETCH_BYTES of each matrix: all of a
 task's rows measured slower (132 CTAs' prefetches overrun the 50 MB L2), and so did 2 (benchmarks/results/h200/
 notes.md); the per-op launches prefetch whole tasks (1). Never in the interpreter, before sm_90, or where a row is not
@@ -177,10 +180,12 @@ def _rms_scale(XIN, A, OFFS, buf: tl.constexpr, layer, NL1, H, eps, BLOCK_H: tl.
 
 
 @triton.jit
-def _wtile(W, rows, hi, K, k0, BLOCK_K: tl.constexpr):
-    """Columns [k0, k0 + BLOCK_K) of rows `rows` (< hi) of the row-major (., K) matrix W; nothing is read past K."""
+def _wtile(W, rows, hi, K, k0, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
+    """Columns [k0, k0 + BLOCK_K) of rows `rows` (< hi) of the row-major (., K) matrix W; nothing is read past K.
+    EVICT: the loads' L2 eviction policy ("" normal; "evict_first": the weights are read once a step)."""
     cols = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(W + rows[:, None] * K + cols[None, :], mask=(rows[:, None] < hi) & (cols[None, :] < K), other=0.0)
+    mask = (rows[:, None] < hi) & (cols[None, :] < K)
+    return tl.load(W + rows[:, None] * K + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -192,7 +197,7 @@ def _norm_chunk(XIN, A, OFFS, buf: tl.constexpr, layer, NL1, wn, H, k0, BLOCK_K:
 
 
 @triton.jit
-def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr):
     """rows [lo, hi) of the row-major (., K) matrix W times the float32 vector X: fp32 (BLOCK_N,), masked past hi.
 
     Design (QKV, GATEUP and OPROJ run the same loop inline). Batch 1 is bandwidth-bound with one CTA an SM, so what
@@ -214,14 +219,14 @@ def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES:
     acc = tl.zeros((BLOCK_N,), tl.float32)
     if STAGES > 0:  # Megakernel's gemv_stages: Triton's software pipeline, STAGES - 1 tiles in flight through cp.async
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-            w = _wtile(W, rows, hi, K, k0, BLOCK_K)
+            w = _wtile(W, rows, hi, K, k0, BLOCK_K, EVICT)
             x = tl.load(X + k0 + cols, mask=k0 + cols < K, other=0.0, cache_modifier=".cg")
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         return acc
-    w = _wtile(W, rows, hi, K, 0, BLOCK_K)
+    w = _wtile(W, rows, hi, K, 0, BLOCK_K, EVICT)
     x = tl.load(X + cols, mask=cols < K, other=0.0, cache_modifier=".cg")
     for k0 in range(0, K, BLOCK_K):
-        w_next = _wtile(W, rows, hi, K, k0 + BLOCK_K, BLOCK_K)
+        w_next = _wtile(W, rows, hi, K, k0 + BLOCK_K, BLOCK_K, EVICT)
         x_next = tl.load(X + k0 + BLOCK_K + cols, mask=k0 + BLOCK_K + cols < K, other=0.0, cache_modifier=".cg")
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         w = w_next
@@ -309,6 +314,7 @@ def _task(
     BLOCK_GC: tl.constexpr,
     BLOCK_DH: tl.constexpr,
     GEMV_STAGES: tl.constexpr,
+    EVICT: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """One task (graph.py's table of kinds); `kind` is a constexpr in staged launches (one body compiled)."""
@@ -323,14 +329,14 @@ def _task(
         acc = tl.zeros((BN_QKV,), tl.float32)
         if GEMV_STAGES > 0:  # as _gemv
             for k0 in tl.range(0, H, BK_QKV, num_stages=GEMV_STAGES):
-                w = _wtile(wqkv, rows, hi, H, k0, BK_QKV)
+                w = _wtile(wqkv, rows, hi, H, k0, BK_QKV, EVICT)
                 v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, k0, BK_QKV)
                 acc += tl.sum(w.to(tl.float32) * (v * r * g.to(tl.float32))[None, :], axis=1)
         else:
-            w = _wtile(wqkv, rows, hi, H, 0, BK_QKV)
+            w = _wtile(wqkv, rows, hi, H, 0, BK_QKV, EVICT)
             v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, 0, BK_QKV)
             for k0 in range(0, H, BK_QKV):  # as _gemv, the input normalized chunk by chunk
-                w_next = _wtile(wqkv, rows, hi, H, k0 + BK_QKV, BK_QKV)
+                w_next = _wtile(wqkv, rows, hi, H, k0 + BK_QKV, BK_QKV, EVICT)
                 v_next, g_next = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, k0 + BK_QKV, BK_QKV)
                 acc += tl.sum(w.to(tl.float32) * (v * r * g.to(tl.float32))[None, :], axis=1)
                 w = w_next
@@ -402,7 +408,7 @@ def _task(
     elif kind == 2:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] ao
         rows = lo + tl.arange(0, BN_O)
         wo, ao = _ptr(W, OFFS, B_WO, layer, NL1), _ptr(A, OFFS, B_AO, layer, NL1)
-        acc = _gemv(wo, ao, lo, hi, QD, BN_O, BK_O, GEMV_STAGES)
+        acc = _gemv(wo, ao, lo, hi, QD, BN_O, BK_O, GEMV_STAGES, EVICT)
         res = _vec(XIN, A, OFFS, B_X, layer, NL1, rows, rows < hi)
         tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + acc, mask=rows < hi)
     elif kind == 3:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] m) * (Wu[lo:hi] m), m = h r w_mlp, r = rsqrt(mean(h^2) + eps)
@@ -415,19 +421,19 @@ def _task(
         acc_u = tl.zeros((BN_GU,), tl.float32)
         if GEMV_STAGES > 0:  # as _gemv
             for k0 in tl.range(0, H, BK_GU, num_stages=GEMV_STAGES):
-                tg = _wtile(wg, rows, hi, H, k0, BK_GU)
-                tu = _wtile(wu, rows, hi, H, k0, BK_GU)
+                tg = _wtile(wg, rows, hi, H, k0, BK_GU, EVICT)
+                tu = _wtile(wu, rows, hi, H, k0, BK_GU, EVICT)
                 v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, k0, BK_GU)
                 n = v * r * g.to(tl.float32)
                 acc_g += tl.sum(tg.to(tl.float32) * n[None, :], axis=1)
                 acc_u += tl.sum(tu.to(tl.float32) * n[None, :], axis=1)
         else:
-            tg = _wtile(wg, rows, hi, H, 0, BK_GU)
-            tu = _wtile(wu, rows, hi, H, 0, BK_GU)
+            tg = _wtile(wg, rows, hi, H, 0, BK_GU, EVICT)
+            tu = _wtile(wu, rows, hi, H, 0, BK_GU, EVICT)
             v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, 0, BK_GU)
             for k0 in range(0, H, BK_GU):  # as _gemv, both matrices in one loop, the input normalized chunk by chunk
-                tg_next = _wtile(wg, rows, hi, H, k0 + BK_GU, BK_GU)
-                tu_next = _wtile(wu, rows, hi, H, k0 + BK_GU, BK_GU)
+                tg_next = _wtile(wg, rows, hi, H, k0 + BK_GU, BK_GU, EVICT)
+                tu_next = _wtile(wu, rows, hi, H, k0 + BK_GU, BK_GU, EVICT)
                 v_next, g_next = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, k0 + BK_GU, BK_GU)
                 n = v * r * g.to(tl.float32)
                 acc_g += tl.sum(tg.to(tl.float32) * n[None, :], axis=1)
@@ -440,7 +446,7 @@ def _task(
     elif kind == 4:  # DOWN: x[l + 1][lo:hi] = h[lo:hi] + Wd[lo:hi] act (the last layer writes the step's output)
         rows = lo + tl.arange(0, BN_D)
         wd, act = _ptr(W, OFFS, B_WD, layer, NL1), _ptr(A, OFFS, B_ACT, layer, NL1)
-        acc = _gemv(wd, act, lo, hi, INTER, BN_D, BK_D, GEMV_STAGES)
+        acc = _gemv(wd, act, lo, hi, INTER, BN_D, BK_D, GEMV_STAGES, EVICT)
         y = tl.load(_ptr(A, OFFS, B_H, layer, NL1) + rows, mask=rows < hi, other=0.0, cache_modifier=".cg") + acc
         if layer + 1 == NL:
             tl.store(OUT + rows, y.to(OUT.dtype.element_ty), mask=rows < hi)
@@ -594,6 +600,7 @@ def decode_kernel(
     PF_CHUNKS: tl.constexpr,
     PF_BYTES: tl.constexpr,
     GEMV_STAGES: tl.constexpr,
+    EVICT: tl.constexpr,
     MODE: tl.constexpr,
     KIND: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -623,7 +630,7 @@ def decode_kernel(
             tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
               eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
-              BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, INTERPRET)  # fmt: skip
+              BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, EVICT, INTERPRET)  # fmt: skip
     else:
         alive = pid * 0 + 1
         q0, q1 = tl.load(QPTR + pid), tl.load(QPTR + pid + 1)
@@ -639,13 +646,17 @@ def decode_kernel(
                     tl.store(TRACE + 4 * t, _now(i, 0, INTERPRET))
                     tl.store(TRACE + 4 * t + 3, pid.to(tl.int64))
                 if PREFETCH != 0:  # weights never wait: streamed to L2 before spinning (2: the queue's first task)
-                    if (i == q0) | (PREFETCH == 1):
+                    if (i == q0) | (PREFETCH != 2):
                         _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, INTER, QD, HK,
                                        MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
-                if PREFETCH == 2:  # the next task's fields, loaded while this one waits (its prefetch issues after)
+                if PREFETCH >= 2:  # the next task's fields (2: loaded while this one waits, its prefetch after)
                     tn = tl.load(QTASKS + tl.minimum(i + 1, q1 - 1)) * NF
                     n_kind, n_layer = tl.load(TASKS + tn), tl.load(TASKS + tn + 1)
                     n_lo, n_hi, n_split = tl.load(TASKS + tn + 2), tl.load(TASKS + tn + 3), tl.load(TASKS + tn + 4)
+                    if PREFETCH == 3:  # the next task's weights stream to L2 while this one waits too
+                        if i + 1 < q1:
+                            _prefetch_task(n_kind, n_layer, n_lo, n_hi, n_split, W, KV, OFFS, position, NL1, H, INTER,
+                                           QD, HK, MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
                 for w in range(tl.load(TASKS + t * NF + 5), tl.load(TASKS + t * NF + 6)):
                     if alive != 0:
                         cid = tl.load(WAITS + 2 * w)
@@ -661,7 +672,8 @@ def decode_kernel(
                                            QD, HK, MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
                           MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
-                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, INTERPRET)  # fmt: skip
+                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, EVICT,
+                          INTERPRET)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
                         tl.store(TRACE + 4 * t + 2, _now(i, 2, INTERPRET))
@@ -687,7 +699,9 @@ class Megakernel:
     counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs.
 
     Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of task weights (sm_90+):
-    "wait" (the default; or True) a task's own before its waits, "ahead" the next task's while one runs, None off;
+    "wait" (the default; or True) a task's own before its waits, "ahead" the next task's while one runs, "next" its
+    own and the next task's before its waits, None off; `weights_evict_first` marks the GEMV weight loads L2
+    evict_first;
     `prefetch_bytes` what is prefetched of each weight matrix of a task (default PREFETCH_BYTES; None: all its rows);
     `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection:
     _gemv keeps two tiles in flight; `gemv_stages` 2-4 instead has Triton software-pipeline the projections' loops
@@ -707,6 +721,7 @@ class Megakernel:
         prefetch_bytes: int | None = PREFETCH_BYTES,
         tile_budget: int = TILE_BUDGET,
         gemv_stages: int = 0,
+        weights_evict_first: bool = False,
         seed: int | None = None,
     ):
         import random
@@ -739,9 +754,11 @@ class Megakernel:
         if type(tile_budget) is not int or tile_budget < 1 or tile_budget & (tile_budget - 1):
             raise ValueError(f"megakernel: tile_budget must be a power of two (elements), got {tile_budget!r}")
         self.tile_budget = tile_budget
-        modes = {None: 0, False: 0, True: 1, "wait": 1, "ahead": 2}
+        modes = {None: 0, False: 0, True: 1, "wait": 1, "ahead": 2, "next": 3}
         if not isinstance(prefetch, (str, bool, type(None))) or prefetch not in modes:
-            raise ValueError(f"megakernel: prefetch must be None, True, 'wait' or 'ahead', got {prefetch!r}")
+            raise ValueError(f"megakernel: prefetch must be None, True, 'wait', 'ahead' or 'next', got {prefetch!r}")
+        if type(weights_evict_first) is not bool:
+            raise TypeError(f"megakernel: weights_evict_first must be a bool, got {weights_evict_first!r}")
         if prefetch_bytes is not None and (type(prefetch_bytes) is not int or prefetch_bytes < 16):
             raise ValueError(f"megakernel: prefetch_bytes must be None or an int >= 16, got {prefetch_bytes!r}")
         if type(gemv_stages) is not int or gemv_stages not in (0, 2, 3, 4):
@@ -840,6 +857,7 @@ class Megakernel:
             PF_CHUNKS=pf_chunks,
             PF_BYTES=pf_bytes(max_bytes if prefetch_bytes is None else min(max_bytes, prefetch_bytes)),
             GEMV_STAGES=gemv_stages,
+            EVICT="evict_first" if weights_evict_first else "",
             INTERPRET=self.interpret,
             DEBUG=bool(debug),
             PREFETCH=self.prefetch,
