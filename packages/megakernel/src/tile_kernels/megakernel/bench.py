@@ -10,7 +10,8 @@ five ways in one run on one GPU:
                                  L2, then waits for the previous one (griddepcontrol)
 
 and variants of the megakernel that the GPU runs learn from: without the L2 prefetch, with more of it (a task's first
-128 KB of each matrix, or all of it, against the default's 32 KB), or ahead (the next task's while one runs); GEMV
+128 KB of each matrix, or all of it, against the default's 32 KB), or ahead (the next task's while one runs); weight
+loads without the L2 evict_first policy; GEMV
 weight tiles of 8192 or 32768 elements (tile_budget; the default is kernel.TILE_BUDGET = 16384, two tiles in flight);
 4 warps (8192-element tiles: the same registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits; 4x
 O-projection rows; the queues balanced by each task's traced run time (trace.py) instead of its estimated bytes. Every
@@ -157,17 +158,8 @@ def bench_shape(
         "megakernel, L2 prefetch of whole tasks": lambda: variant(prefetch_bytes=None),
         # the next task's first 32 KB while one runs
         "megakernel, L2 prefetch ahead": lambda: variant(prefetch="ahead"),
-        # a task's and the next task's first bytes before its waits: the attention block's idle HBM streams MLP rows
-        "megakernel, L2 prefetch of the next task": lambda: variant(prefetch="next"),
-        "megakernel, L2 prefetch of the next task, 128 KB": lambda: variant(prefetch="next", prefetch_bytes=131072),
-        # weight loads L2 evict_first (read once): the prefetched lines stay until used
-        "megakernel, evict-first weights": lambda: variant(weights_evict_first=True),
-        "megakernel, evict-first weights, L2 prefetch of whole tasks": lambda: variant(
-            weights_evict_first=True, prefetch_bytes=None
-        ),
-        "megakernel, evict-first weights, L2 prefetch of the next task, 128 KB": lambda: variant(
-            weights_evict_first=True, prefetch="next", prefetch_bytes=131072
-        ),
+        # weight loads without the L2 evict_first policy (the default marks them: read once, they leave L2 first)
+        "megakernel, weights evicted normally": lambda: variant(weights_evict_first=False),
         # tile_budget: elements of a GEMV weight tile, two in flight per CTA (default 16384: 64 KB of bf16 at most)
         "megakernel, 8192-element tiles": lambda: variant(tile_budget=8192),
         # ptxas spills registers at 32768 (sm_90, 8 warps): whether the bytes in flight outweigh the spills

@@ -34,9 +34,8 @@ PF_CHUNKS chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous 
 PF_CHUNKS x PF_BYTES bytes of them) lets HBM stream them while the CTA waits, and the GEMV's first loads then hit L2:
 the step is bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor 475 us at the H200's measured copy speed).
 PREFETCH 1: task i's own weights before spinning on its waits; 2: the queue's first task's before its waits, then,
-once task i's waits are met, task i + 1's while task i runs (the stream crosses the task boundary); 3: task i's and
-task i + 1's before task i's waits (an SM waiting out the attention block streams its gate/up rows meanwhile). With
-weights_evict_first the GEMV's weight loads are marked L2 evict_first (read once a step: they leave before the
+once task i's waits are met, task i + 1's while task i runs (the stream crosses the task boundary). The GEMV's weight
+loads are marked L2 evict_first (Megakernel's weights_evict_first; read once a step, they leave L2 before the
 prefetched lines, activations and KV rows). The persistent
 kernel's default (Megakernel's prefetch / prefetch_bytes) is 1 with the first PREFETCH_BYTES of each matrix: all of a
 task's rows measured slower (132 CTAs' prefetches overrun the 50 MB L2), and so did 2 (benchmarks/results/h200/
@@ -646,17 +645,13 @@ def decode_kernel(
                     tl.store(TRACE + 4 * t, _now(i, 0, INTERPRET))
                     tl.store(TRACE + 4 * t + 3, pid.to(tl.int64))
                 if PREFETCH != 0:  # weights never wait: streamed to L2 before spinning (2: the queue's first task)
-                    if (i == q0) | (PREFETCH != 2):
+                    if (i == q0) | (PREFETCH == 1):
                         _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, INTER, QD, HK,
                                        MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
-                if PREFETCH >= 2:  # the next task's fields (2: loaded while this one waits, its prefetch after)
+                if PREFETCH == 2:  # the next task's fields, loaded while this one waits (its prefetch issues after)
                     tn = tl.load(QTASKS + tl.minimum(i + 1, q1 - 1)) * NF
                     n_kind, n_layer = tl.load(TASKS + tn), tl.load(TASKS + tn + 1)
                     n_lo, n_hi, n_split = tl.load(TASKS + tn + 2), tl.load(TASKS + tn + 3), tl.load(TASKS + tn + 4)
-                    if PREFETCH == 3:  # the next task's weights stream to L2 while this one waits too
-                        if i + 1 < q1:
-                            _prefetch_task(n_kind, n_layer, n_lo, n_hi, n_split, W, KV, OFFS, position, NL1, H, INTER,
-                                           QD, HK, MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
                 for w in range(tl.load(TASKS + t * NF + 5), tl.load(TASKS + t * NF + 6)):
                     if alive != 0:
                         cid = tl.load(WAITS + 2 * w)
@@ -699,9 +694,8 @@ class Megakernel:
     counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs.
 
     Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of task weights (sm_90+):
-    "wait" (the default; or True) a task's own before its waits, "ahead" the next task's while one runs, "next" its
-    own and the next task's before its waits, None off; `weights_evict_first` marks the GEMV weight loads L2
-    evict_first;
+    "wait" (the default; or True) a task's own before its waits, "ahead" the next task's while one runs, None off;
+    `weights_evict_first` (default True) marks the GEMV weight loads L2 evict_first;
     `prefetch_bytes` what is prefetched of each weight matrix of a task (default PREFETCH_BYTES; None: all its rows);
     `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection:
     _gemv keeps two tiles in flight; `gemv_stages` 2-4 instead has Triton software-pipeline the projections' loops
@@ -721,7 +715,7 @@ class Megakernel:
         prefetch_bytes: int | None = PREFETCH_BYTES,
         tile_budget: int = TILE_BUDGET,
         gemv_stages: int = 0,
-        weights_evict_first: bool = False,
+        weights_evict_first: bool = True,
         seed: int | None = None,
     ):
         import random
@@ -754,9 +748,9 @@ class Megakernel:
         if type(tile_budget) is not int or tile_budget < 1 or tile_budget & (tile_budget - 1):
             raise ValueError(f"megakernel: tile_budget must be a power of two (elements), got {tile_budget!r}")
         self.tile_budget = tile_budget
-        modes = {None: 0, False: 0, True: 1, "wait": 1, "ahead": 2, "next": 3}
+        modes = {None: 0, False: 0, True: 1, "wait": 1, "ahead": 2}
         if not isinstance(prefetch, (str, bool, type(None))) or prefetch not in modes:
-            raise ValueError(f"megakernel: prefetch must be None, True, 'wait', 'ahead' or 'next', got {prefetch!r}")
+            raise ValueError(f"megakernel: prefetch must be None, True, 'wait' or 'ahead', got {prefetch!r}")
         if type(weights_evict_first) is not bool:
             raise TypeError(f"megakernel: weights_evict_first must be a bool, got {weights_evict_first!r}")
         if prefetch_bytes is not None and (type(prefetch_bytes) is not int or prefetch_bytes < 16):
