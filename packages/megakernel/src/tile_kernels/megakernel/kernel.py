@@ -25,8 +25,10 @@ waits for `epoch * threshold`, so no memset sits between steps (the host zeroes 
     `red.release.gpu.add` (tl.atomic_add(counter, 1, sem="release", scope="gpu") on a scalar) -> next task.
   consumer: for each wait, every thread spins on an acquire load, `ld.acquire.gpu.global.b32` through
     tl.inline_asm_elementwise (a scalar tl.atomic_add(..., sem="acquire") in a loop emits a bar.sync per iteration,
-    triton#7125), with `nanosleep.u32 32..256` backoff between polls; then a CTA barrier so no warp reads before the
-    value is seen. Activations and KV rows written in this launch are loaded with .cg (L2, never a stale L1 line).
+    triton#7125), with `nanosleep.u32 32..256` backoff between polls (Megakernel's one_poller: thread 0 alone, a loop
+    inside the asm); then a CTA barrier so no warp reads before the value is seen (acquire, then bar.sync: the
+    pattern of a cooperative grid sync). Activations and KV rows written in this launch are loaded with .cg (L2,
+    never a stale L1 line).
   Every buffer is written once per launch (graph.py), so there are only read-after-write edges: no WAR counters.
 
 Prefetch. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.prefetch.L2.global`, sm_90+,
@@ -122,6 +124,38 @@ def _ld_acquire(ptr):
 @triton.jit
 def _nanosleep(ns):
     tl.inline_asm_elementwise("nanosleep.u32 $1;\nmov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _spin_one_thread(ptr, target):
+    """Thread 0 of the CTA polls *ptr with acquire loads (nanosleep backoff 32..256 ns) until it is >= target; the
+    other threads return at once and meet it at the caller's CTA barrier (one poller an SM: the polls of a counter
+    that 132 SMs wait on stay off its L2 slice's queue). A loop inside the asm: Triton's loops are CTA-uniform."""
+    return tl.inline_asm_elementwise(
+        """{
+.reg .pred p;
+.reg .b32 tid, v, ns;
+mov.u32 $0, 0;
+mov.u32 tid, %tid.x;
+setp.ne.u32 p, tid, 0;
+@p bra SPIN_DONE${:uid};
+mov.u32 ns, 32;
+SPIN_LOOP${:uid}:
+ld.acquire.gpu.global.b32 v, [$1];
+setp.ge.s32 p, v, $2;
+@p bra SPIN_DONE${:uid};
+nanosleep.u32 ns;
+shl.b32 ns, ns, 1;
+min.u32 ns, ns, 256;
+bra SPIN_LOOP${:uid};
+SPIN_DONE${:uid}:
+}""",
+        "=r,l,r",
+        [ptr, target],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
@@ -517,18 +551,22 @@ def _report(ERR, pid, t, cid, v, target):
 
 
 @triton.jit
-def _wait(ptr, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET: tl.constexpr, DEBUG: tl.constexpr):
+def _wait(ptr, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET: tl.constexpr, DEBUG: tl.constexpr,
+          ONE_POLLER: tl.constexpr):  # fmt: skip
     """Returns alive once counter *ptr >= target, or alive * 0 when the step aborts (watchdog / interpreter).
 
     On the GPU every thread spins on its own acquire loads (no barrier in the loop), so threads leave at different
     moments; without the watchdog each leaves only once it has seen the target (monotonic counters), a uniform
     outcome. With it a thread may also leave on its timeout or the abort flag, so one thread's acquire RMW, broadcast
-    to the CTA (Triton's scalar atomics), decides uniformly whether the task runs or the program aborts."""
+    to the CTA (Triton's scalar atomics), decides uniformly whether the task runs or the program aborts. ONE_POLLER
+    (no watchdog): thread 0 alone spins; the others wait for it at the caller's CTA barrier."""
     if INTERPRET:  # programs run one after another: a wait not met now never will be
         v = tl.load(ptr)
         if v < target:
             _report(ERR, pid, t, cid, v, target)
             alive = alive * 0
+    elif ONE_POLLER and not DEBUG:
+        _spin_one_thread(ptr, target)
     else:
         v = _ld_acquire(ptr)
         ns = pid * 0 + 32
@@ -600,6 +638,7 @@ def decode_kernel(
     PF_BYTES: tl.constexpr,
     GEMV_STAGES: tl.constexpr,
     EVICT: tl.constexpr,
+    ONE_POLLER: tl.constexpr,
     MODE: tl.constexpr,
     KIND: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -656,7 +695,8 @@ def decode_kernel(
                     if alive != 0:
                         cid = tl.load(WAITS + 2 * w)
                         target = tl.load(WAITS + 2 * w + 1) * epoch
-                        alive = _wait(COUNTERS + cid, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET, DEBUG)
+                        alive = _wait(COUNTERS + cid, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET, DEBUG,
+                                      ONE_POLLER)  # fmt: skip
                 if alive != 0:
                     tl.debug_barrier()  # no warp reads before every warp has seen the counters
                     if TRACING:
@@ -695,7 +735,8 @@ class Megakernel:
 
     Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of task weights (sm_90+):
     "wait" (the default; or True) a task's own before its waits, "ahead" the next task's while one runs, None off;
-    `weights_evict_first` (default True) marks the GEMV weight loads L2 evict_first;
+    `weights_evict_first` (default True) marks the GEMV weight loads L2 evict_first; `one_poller` has thread 0 of a
+    CTA alone poll a counter (the others wait at a barrier) instead of every thread;
     `prefetch_bytes` what is prefetched of each weight matrix of a task (default PREFETCH_BYTES; None: all its rows);
     `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection:
     _gemv keeps two tiles in flight; `gemv_stages` 2-4 instead has Triton software-pipeline the projections' loops
@@ -716,6 +757,7 @@ class Megakernel:
         tile_budget: int = TILE_BUDGET,
         gemv_stages: int = 0,
         weights_evict_first: bool = True,
+        one_poller: bool = False,
         seed: int | None = None,
     ):
         import random
@@ -751,8 +793,9 @@ class Megakernel:
         modes = {None: 0, False: 0, True: 1, "wait": 1, "ahead": 2}
         if not isinstance(prefetch, (str, bool, type(None))) or prefetch not in modes:
             raise ValueError(f"megakernel: prefetch must be None, True, 'wait' or 'ahead', got {prefetch!r}")
-        if type(weights_evict_first) is not bool:
-            raise TypeError(f"megakernel: weights_evict_first must be a bool, got {weights_evict_first!r}")
+        for name, flag in (("weights_evict_first", weights_evict_first), ("one_poller", one_poller)):
+            if type(flag) is not bool:
+                raise TypeError(f"megakernel: {name} must be a bool, got {flag!r}")
         if prefetch_bytes is not None and (type(prefetch_bytes) is not int or prefetch_bytes < 16):
             raise ValueError(f"megakernel: prefetch_bytes must be None or an int >= 16, got {prefetch_bytes!r}")
         if type(gemv_stages) is not int or gemv_stages not in (0, 2, 3, 4):
@@ -852,6 +895,7 @@ class Megakernel:
             PF_BYTES=pf_bytes(max_bytes if prefetch_bytes is None else min(max_bytes, prefetch_bytes)),
             GEMV_STAGES=gemv_stages,
             EVICT="evict_first" if weights_evict_first else "",
+            ONE_POLLER=one_poller,
             INTERPRET=self.interpret,
             DEBUG=bool(debug),
             PREFETCH=self.prefetch,
