@@ -626,6 +626,8 @@ def test_triton_step_bad_inputs():
         kernel_for(config, tiling, 2, weights, weights_evict_first="yes")
     with pytest.raises(TypeError, match="one_poller must be a bool, got 1"):
         kernel_for(config, tiling, 2, weights, one_poller=1)
+    with pytest.raises(ValueError, match=r"poll_sleep_ns must be an int in \[0, 1000000\], got -1"):
+        kernel_for(config, tiling, 2, weights, poll_sleep_ns=-1)
     with pytest.raises(ValueError, match="prefetch_bytes must be None or an int >= 16, got 8"):
         kernel_for(config, tiling, 2, weights, prefetch="ahead", prefetch_bytes=8)
 
@@ -648,7 +650,7 @@ persistent = compile_ahead(meta, DEBUG=True, PREFETCH=2).asm["ptx"]
 staged = compile_ahead(meta, MODE=1, KIND=3, PDL=True, PREFETCH=True).asm["ptx"]
 pipelined = compile_ahead(meta, GEMV_STAGES=3).asm["ptx"]
 traced = compile_ahead(meta, TRACING=True).asm["ptx"]
-evicting = compile_ahead(meta, EVICT="evict_first", ONE_POLLER=True).asm["ptx"]
+evicting = compile_ahead(meta, EVICT="evict_first", ONE_POLLER=True, SLEEP_NS=0).asm["ptx"]
 assert "L2::evict_first" in evicting and "L2::evict_first" not in persistent, "the weight loads' eviction policy"
 assert "%tid.x" in evicting and "ld.acquire.gpu.global.b32" in evicting, "thread 0's poll loop"
 assert pipelined.count("cp.async.cg") > persistent.count("cp.async.cg"), "the GEMV loops are not pipelined"
@@ -661,7 +663,7 @@ print(json.dumps([persistent, staged, traced]))
     # Llama-3.2-1B's meta at 132 SMs and the default tile budget (16384 elements)
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, BK_O=1024, BN_GU=64, BK_GU=128, BN_D=16,
                 BK_D=1024, BLOCK_S=16, BLOCK_T=64, BLOCK_G=16, BLOCK_GC=4, BLOCK_DH=32, PF_CHUNKS=256,
-                PF_BYTES=1024, GEMV_STAGES=0, EVICT="", ONE_POLLER=False, INTERPRET=False, DEBUG=False,
+                PF_BYTES=1024, GEMV_STAGES=0, EVICT="", ONE_POLLER=False, SLEEP_NS=256, INTERPRET=False, DEBUG=False,
                 PREFETCH=True)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", code, json.dumps(meta)], capture_output=True, text=True, env=env,
@@ -771,7 +773,7 @@ def test_gpu_one_poller_gives_the_default_steps(shape):
     weights, cache, x = bf16_problem(config, 5)
     step = build_decode_step(config, weights, context_hint=64)
     packed = pack_weights(config, layer_weights(config, weights))
-    polled = Megakernel(step.graph, step.schedule, packed, "cuda", one_poller=True)
+    polled = Megakernel(step.graph, step.schedule, packed, "cuda", one_poller=True, poll_sleep_ns=0)
     cache_polled = cache.clone()
     for position in range(60, 64):
         want, got = step(x, cache, position), polled(x, cache_polled, position)
@@ -825,7 +827,7 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 32, 4, 2, 8, 48))
     monkeypatch.setattr(bench, "CONTEXT", 9)
     result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path))
-    assert result["notes"] == {} and len(calls) == len(result["us"]) == 23
+    assert result["notes"] == {} and len(calls) == len(result["us"]) == 25
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})

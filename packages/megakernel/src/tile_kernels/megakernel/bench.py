@@ -162,6 +162,8 @@ def bench_shape(
         "megakernel, weights evicted normally": lambda: variant(weights_evict_first=False),
         # thread 0 alone polls a counter (the other threads wait at a barrier): 1 poll an SM instead of 8 warps'
         "megakernel, one poller a CTA": lambda: variant(one_poller=True),
+        "megakernel, one poller a CTA, 64 ns sleeps": lambda: variant(one_poller=True, poll_sleep_ns=64),
+        "megakernel, one poller a CTA, no sleep": lambda: variant(one_poller=True, poll_sleep_ns=0),
         # tile_budget: elements of a GEMV weight tile, two in flight per CTA (default 16384: 64 KB of bf16 at most)
         "megakernel, 8192-element tiles": lambda: variant(tile_budget=8192),
         # ptxas spills registers at 32768 (sm_90, 8 warps): whether the bytes in flight outweigh the spills

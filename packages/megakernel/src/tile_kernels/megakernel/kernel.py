@@ -25,10 +25,10 @@ waits for `epoch * threshold`, so no memset sits between steps (the host zeroes 
     `red.release.gpu.add` (tl.atomic_add(counter, 1, sem="release", scope="gpu") on a scalar) -> next task.
   consumer: for each wait, every thread spins on an acquire load, `ld.acquire.gpu.global.b32` through
     tl.inline_asm_elementwise (a scalar tl.atomic_add(..., sem="acquire") in a loop emits a bar.sync per iteration,
-    triton#7125), with `nanosleep.u32 32..256` backoff between polls (Megakernel's one_poller: thread 0 alone, a loop
-    inside the asm); then a CTA barrier so no warp reads before the value is seen (acquire, then bar.sync: the
-    pattern of a cooperative grid sync). Activations and KV rows written in this launch are loaded with .cg (L2,
-    never a stale L1 line).
+    triton#7125), with `nanosleep.u32 32..256` backoff between polls (Megakernel's poll_sleep_ns; its one_poller:
+    thread 0 alone, a loop inside the asm); then a CTA barrier so no warp reads before the value is seen (acquire,
+    then bar.sync: the pattern of a cooperative grid sync). Activations and KV rows written in this launch are
+    loaded with .cg (L2, never a stale L1 line).
   Every buffer is written once per launch (graph.py), so there are only read-after-write edges: no WAR counters.
 
 Prefetch. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.prefetch.L2.global`, sm_90+,
@@ -127,8 +127,9 @@ def _nanosleep(ns):
 
 
 @triton.jit
-def _spin_one_thread(ptr, target):
-    """Thread 0 of the CTA polls *ptr with acquire loads (nanosleep backoff 32..256 ns) until it is >= target; the
+def _spin_one_thread(ptr, target, SLEEP_NS: tl.constexpr):
+    """Thread 0 of the CTA polls *ptr with acquire loads (nanosleep backoff 32..SLEEP_NS ns; 0: none) until it is
+    >= target; the
     other threads return at once and meet it at the caller's CTA barrier (one poller an SM: the polls of a counter
     that 132 SMs wait on stay off its L2 slice's queue). A loop inside the asm: Triton's loops are CTA-uniform."""
     return tl.inline_asm_elementwise(
@@ -139,19 +140,20 @@ mov.u32 $0, 0;
 mov.u32 tid, %tid.x;
 setp.ne.u32 p, tid, 0;
 @p bra SPIN_DONE${:uid};
-mov.u32 ns, 32;
+min.u32 ns, $3, 32;
 SPIN_LOOP${:uid}:
 ld.acquire.gpu.global.b32 v, [$1];
 setp.ge.s32 p, v, $2;
 @p bra SPIN_DONE${:uid};
-nanosleep.u32 ns;
+setp.ne.u32 p, ns, 0;
+@p nanosleep.u32 ns;
 shl.b32 ns, ns, 1;
-min.u32 ns, ns, 256;
+min.u32 ns, ns, $3;
 bra SPIN_LOOP${:uid};
 SPIN_DONE${:uid}:
 }""",
-        "=r,l,r",
-        [ptr, target],
+        "=r,l,r,r",
+        [ptr, target, target * 0 + SLEEP_NS],
         dtype=tl.int32,
         is_pure=False,
         pack=1,
@@ -552,7 +554,7 @@ def _report(ERR, pid, t, cid, v, target):
 
 @triton.jit
 def _wait(ptr, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET: tl.constexpr, DEBUG: tl.constexpr,
-          ONE_POLLER: tl.constexpr):  # fmt: skip
+          ONE_POLLER: tl.constexpr, SLEEP_NS: tl.constexpr):  # fmt: skip
     """Returns alive once counter *ptr >= target, or alive * 0 when the step aborts (watchdog / interpreter).
 
     On the GPU every thread spins on its own acquire loads (no barrier in the loop), so threads leave at different
@@ -566,16 +568,16 @@ def _wait(ptr, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET: tl.conste
             _report(ERR, pid, t, cid, v, target)
             alive = alive * 0
     elif ONE_POLLER and not DEBUG:
-        _spin_one_thread(ptr, target)
+        _spin_one_thread(ptr, target, SLEEP_NS)
     else:
         v = _ld_acquire(ptr)
-        ns = pid * 0 + 32
+        ns = pid * 0 + (32 if SLEEP_NS >= 32 else SLEEP_NS)
         if DEBUG:
             start = _globaltimer()
             go = v < target
             while go:
                 _nanosleep(ns)
-                ns = tl.minimum(ns * 2, 256)
+                ns = tl.minimum(ns * 2, SLEEP_NS)
                 v = _ld_acquire(ptr)
                 go = (v < target) & (_ld_acquire(ERR) == 0) & (_globaltimer() - start <= timeout_ns)
             v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
@@ -585,7 +587,7 @@ def _wait(ptr, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET: tl.conste
         else:
             while v < target:
                 _nanosleep(ns)
-                ns = tl.minimum(ns * 2, 256)
+                ns = tl.minimum(ns * 2, SLEEP_NS)
                 v = _ld_acquire(ptr)
     return alive
 
@@ -639,6 +641,7 @@ def decode_kernel(
     GEMV_STAGES: tl.constexpr,
     EVICT: tl.constexpr,
     ONE_POLLER: tl.constexpr,
+    SLEEP_NS: tl.constexpr,
     MODE: tl.constexpr,
     KIND: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -696,7 +699,7 @@ def decode_kernel(
                         cid = tl.load(WAITS + 2 * w)
                         target = tl.load(WAITS + 2 * w + 1) * epoch
                         alive = _wait(COUNTERS + cid, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET, DEBUG,
-                                      ONE_POLLER)  # fmt: skip
+                                      ONE_POLLER, SLEEP_NS)  # fmt: skip
                 if alive != 0:
                     tl.debug_barrier()  # no warp reads before every warp has seen the counters
                     if TRACING:
@@ -736,7 +739,8 @@ class Megakernel:
     Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of task weights (sm_90+):
     "wait" (the default; or True) a task's own before its waits, "ahead" the next task's while one runs, None off;
     `weights_evict_first` (default True) marks the GEMV weight loads L2 evict_first; `one_poller` has thread 0 of a
-    CTA alone poll a counter (the others wait at a barrier) instead of every thread;
+    CTA alone poll a counter (the others wait at a barrier) instead of every thread; `poll_sleep_ns` the ceiling of
+    the polls' nanosleep backoff (32 ns doubling; 0: no sleep, for one_poller);
     `prefetch_bytes` what is prefetched of each weight matrix of a task (default PREFETCH_BYTES; None: all its rows);
     `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection:
     _gemv keeps two tiles in flight; `gemv_stages` 2-4 instead has Triton software-pipeline the projections' loops
@@ -758,6 +762,7 @@ class Megakernel:
         gemv_stages: int = 0,
         weights_evict_first: bool = True,
         one_poller: bool = False,
+        poll_sleep_ns: int = 256,
         seed: int | None = None,
     ):
         import random
@@ -793,6 +798,8 @@ class Megakernel:
         modes = {None: 0, False: 0, True: 1, "wait": 1, "ahead": 2}
         if not isinstance(prefetch, (str, bool, type(None))) or prefetch not in modes:
             raise ValueError(f"megakernel: prefetch must be None, True, 'wait' or 'ahead', got {prefetch!r}")
+        if type(poll_sleep_ns) is not int or not 0 <= poll_sleep_ns <= 1_000_000:
+            raise ValueError(f"megakernel: poll_sleep_ns must be an int in [0, 1000000], got {poll_sleep_ns!r}")
         for name, flag in (("weights_evict_first", weights_evict_first), ("one_poller", one_poller)):
             if type(flag) is not bool:
                 raise TypeError(f"megakernel: {name} must be a bool, got {flag!r}")
@@ -896,6 +903,7 @@ class Megakernel:
             GEMV_STAGES=gemv_stages,
             EVICT="evict_first" if weights_evict_first else "",
             ONE_POLLER=one_poller,
+            SLEEP_NS=poll_sleep_ns,
             INTERPRET=self.interpret,
             DEBUG=bool(debug),
             PREFETCH=self.prefetch,
