@@ -11,7 +11,8 @@ five ways in one run on one GPU:
 
 and variants of the megakernel that the GPU runs learn from: without the L2 prefetch, with more of it (a task's first
 128 KB of each matrix, or all of it, against the default's 32 KB), or ahead (the next task's while one runs); weight
-loads without the L2 evict_first policy; one thread of a CTA polling a counter instead of all; GEMV
+loads without the L2 evict_first policy; every thread polling a counter instead of one a CTA, shorter poll sleeps;
+GEMV
 weight tiles of 8192 or 32768 elements (tile_budget; the default is kernel.TILE_BUDGET = 16384, two tiles in flight);
 4 warps (8192-element tiles: the same registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits; 4x
 O-projection rows; the queues balanced by each task's traced run time (trace.py) instead of its estimated bytes. Every
@@ -160,10 +161,11 @@ def bench_shape(
         "megakernel, L2 prefetch ahead": lambda: variant(prefetch="ahead"),
         # weight loads without the L2 evict_first policy (the default marks them: read once, they leave L2 first)
         "megakernel, weights evicted normally": lambda: variant(weights_evict_first=False),
-        # thread 0 alone polls a counter (the other threads wait at a barrier): 1 poll an SM instead of 8 warps'
-        "megakernel, one poller a CTA": lambda: variant(one_poller=True),
-        "megakernel, one poller a CTA, 64 ns sleeps": lambda: variant(one_poller=True, poll_sleep_ns=64),
-        "megakernel, one poller a CTA, no sleep": lambda: variant(one_poller=True, poll_sleep_ns=0),
+        # every thread polls a counter (the default: thread 0 alone, the others wait at a barrier); the polls'
+        # nanosleep backoff capped at 64 ns or none (default 256)
+        "megakernel, every thread polls": lambda: variant(one_poller=False),
+        "megakernel, 64 ns poll sleeps": lambda: variant(poll_sleep_ns=64),
+        "megakernel, no poll sleep": lambda: variant(poll_sleep_ns=0),
         # tile_budget: elements of a GEMV weight tile, two in flight per CTA (default 16384: 64 KB of bf16 at most)
         "megakernel, 8192-element tiles": lambda: variant(tile_budget=8192),
         # ptxas spills registers at 32768 (sm_90, 8 warps): whether the bytes in flight outweigh the spills

@@ -23,12 +23,12 @@ Counter protocol. `counters` is an int32 array, zeroed once at allocation and ne
 waits for `epoch * threshold`, so no memset sits between steps (the host zeroes it again before int32 would wrap).
   producer: the tile's global stores -> CTA barrier (tl.debug_barrier: every warp's stores issued) -> one thread does
     `red.release.gpu.add` (tl.atomic_add(counter, 1, sem="release", scope="gpu") on a scalar) -> next task.
-  consumer: for each wait, every thread spins on an acquire load, `ld.acquire.gpu.global.b32` through
-    tl.inline_asm_elementwise (a scalar tl.atomic_add(..., sem="acquire") in a loop emits a bar.sync per iteration,
-    triton#7125), with `nanosleep.u32 32..256` backoff between polls (Megakernel's poll_sleep_ns; its one_poller:
-    thread 0 alone, a loop inside the asm); then a CTA barrier so no warp reads before the value is seen (acquire,
-    then bar.sync: the pattern of a cooperative grid sync). Activations and KV rows written in this launch are
-    loaded with .cg (L2, never a stale L1 line).
+  consumer: for each wait, thread 0 spins on an acquire load, `ld.acquire.gpu.global.b32`, with `nanosleep.u32
+    32..256` backoff between polls, a loop inside one tl.inline_asm_elementwise (Triton's own loops are CTA-uniform;
+    a scalar tl.atomic_add(..., sem="acquire") in a loop emits a bar.sync per iteration, triton#7125), or
+    (Megakernel's one_poller=False, and under the watchdog) every thread in a Triton loop; then a CTA barrier so no
+    warp reads before the value is seen (acquire, then bar.sync: the pattern of a cooperative grid sync). Activations
+    and KV rows written in this launch are loaded with .cg (L2, never a stale L1 line).
   Every buffer is written once per launch (graph.py), so there are only read-after-write edges: no WAR counters.
 
 Prefetch. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.prefetch.L2.global`, sm_90+,
@@ -738,9 +738,9 @@ class Megakernel:
 
     Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of task weights (sm_90+):
     "wait" (the default; or True) a task's own before its waits, "ahead" the next task's while one runs, None off;
-    `weights_evict_first` (default True) marks the GEMV weight loads L2 evict_first; `one_poller` has thread 0 of a
-    CTA alone poll a counter (the others wait at a barrier) instead of every thread; `poll_sleep_ns` the ceiling of
-    the polls' nanosleep backoff (32 ns doubling; 0: no sleep, for one_poller);
+    `weights_evict_first` (default True) marks the GEMV weight loads L2 evict_first; `one_poller` (default True) has
+    thread 0 of a CTA alone poll a counter (the others wait at a barrier; False: every thread polls); `poll_sleep_ns`
+    the ceiling of the polls' nanosleep backoff (32 ns doubling; 0: none, sensible with one_poller only);
     `prefetch_bytes` what is prefetched of each weight matrix of a task (default PREFETCH_BYTES; None: all its rows);
     `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection:
     _gemv keeps two tiles in flight; `gemv_stages` 2-4 instead has Triton software-pipeline the projections' loops
@@ -761,7 +761,7 @@ class Megakernel:
         tile_budget: int = TILE_BUDGET,
         gemv_stages: int = 0,
         weights_evict_first: bool = True,
-        one_poller: bool = False,
+        one_poller: bool = True,
         poll_sleep_ns: int = 256,
         seed: int | None = None,
     ):
