@@ -30,6 +30,7 @@ from tile_kernels.megakernel import (  # noqa: E402
     pack_weights,
     schedule,
 )
+from tile_kernels.megakernel.graph import PREFETCH_TILES  # noqa: E402
 from tile_kernels.megakernel.schedule import encode  # noqa: E402
 from tile_kernels.megakernel.weights import layer_tensors, layer_weights  # noqa: E402
 
@@ -55,6 +56,7 @@ def problems(draw, max_layers=3):
         gateup=draw(st.integers(1, 50)),
         down=draw(st.integers(1, 40)),
         kv_splits=draw(st.integers(1, 5)),
+        mlp_prefetch_rows=draw(st.sampled_from([0, 0, 1, 7, 64])),
     )
     return config, tiling, draw(st.integers(1, 9))
 
@@ -93,6 +95,7 @@ def test_checker_accepts_built_schedules(problem):
         + math.ceil(c.hidden / t.o)
         + math.ceil(c.intermediate / t.gateup)
         + math.ceil(c.hidden / t.down)
+        + (math.ceil(math.ceil(c.intermediate / t.gateup) / PREFETCH_TILES) if t.mlp_prefetch_rows else 0)
     )
     assert len(graph.tasks) == c.num_layers * per_layer
 
@@ -348,6 +351,31 @@ def test_config_from_hf_and_llama3_rope_scaling():
         else:
             assert f / 32 < s < f  # interpolated
     assert scaled[0] == 1.0 and scaled[-1] < plain[-1]
+
+
+@settings(max_examples=30)
+@given(problems())
+def test_prefetch_tasks_cover_the_gate_up_rows_and_hold_nobody_up(problem):
+    """mlp_prefetch_rows > 0: a layer's PREFETCH tasks cover the gate / up rows once, in runs of PREFETCH_TILES
+    tiles, each after the last KV group's QKV tiles, and no task waits on them (a prefetch writes no data)."""
+    config, tiling, _ = problem
+    graph = build_graph(config, tiling)
+    waited = {cid for t in graph.tasks for cid, _ in t.waits}
+    for layer in range(config.num_layers):
+        pf = [t for t in graph.tasks if t.kind == Kind.PREFETCH and t.layer == layer]
+        if not tiling.mlp_prefetch_rows:
+            assert not pf
+            continue
+        tiles = -(-config.intermediate // tiling.gateup)
+        assert len(pf) == -(-tiles // PREFETCH_TILES)
+        assert [(t.lo, t.hi) for t in pf] == [
+            (i * tiling.gateup, min((i + PREFETCH_TILES) * tiling.gateup, config.intermediate))
+            for i in range(0, tiles, PREFETCH_TILES)
+        ]
+        last_qkv = [t for t in graph.tasks if t.kind == Kind.QKV and t.layer == layer][-1]
+        for t in pf:
+            assert not t.reads and not t.writes and t.signal not in waited
+            assert [cid for cid, _ in t.waits] == [last_qkv.signal]
 
 
 @given(problems())
@@ -650,9 +678,12 @@ persistent = compile_ahead(meta, DEBUG=True, PREFETCH=2).asm["ptx"]
 staged = compile_ahead(meta, MODE=1, KIND=3, PDL=True, PREFETCH=True).asm["ptx"]
 pipelined = compile_ahead(meta, GEMV_STAGES=3).asm["ptx"]
 traced = compile_ahead(meta, TRACING=True).asm["ptx"]
-evicting = compile_ahead(meta, EVICT="evict_first", ONE_POLLER=True, SLEEP_NS=0).asm["ptx"]
+options = dict(EVICT="evict_first", ONE_POLLER=True, SLEEP_NS=0, MLP_PF_ROWS=24, MLP_PF_BYTES=768)
+evicting = compile_ahead(meta, **options).asm["ptx"]
 assert "L2::evict_first" in evicting and "L2::evict_first" not in persistent, "the weight loads' eviction policy"
 assert "%tid.x" in evicting and "ld.acquire.gpu.global.b32" in evicting, "thread 0's poll loop"
+bulk = "cp.async.bulk.prefetch.L2.global"
+assert evicting.count(bulk) > traced.count(bulk), "the PREFETCH tasks' bulk prefetches"
 assert pipelined.count("cp.async.cg") > persistent.count("cp.async.cg"), "the GEMV loops are not pipelined"
 ones = dict.fromkeys(("epoch", "position", "task0", "NL", "H", "INTER", "HK", "MAXSEQ", "S"), 1)
 for kind in range(6):  # Triton passes an int argument equal to 1 as a constexpr: every body must compile so
@@ -663,7 +694,8 @@ print(json.dumps([persistent, staged, traced]))
     # Llama-3.2-1B's meta at 132 SMs and the default tile budget (16384 elements)
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, BK_O=1024, BN_GU=64, BK_GU=128, BN_D=16,
                 BK_D=1024, BLOCK_S=16, BLOCK_T=64, BLOCK_G=16, BLOCK_GC=4, BLOCK_DH=32, PF_CHUNKS=256,
-                PF_BYTES=1024, GEMV_STAGES=0, EVICT="", ONE_POLLER=True, SLEEP_NS=256, INTERPRET=False, DEBUG=False,
+                PF_BYTES=1024, GU_ROWS=64, MLP_PF_ROWS=0, MLP_PF_BYTES=16, GEMV_STAGES=0, EVICT="", ONE_POLLER=True,
+                SLEEP_NS=256, INTERPRET=False, DEBUG=False,
                 PREFETCH=True)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", code, json.dumps(meta)], capture_output=True, text=True, env=env,
@@ -827,7 +859,7 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 32, 4, 2, 8, 48))
     monkeypatch.setattr(bench, "CONTEXT", 9)
     result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path))
-    assert result["notes"] == {} and len(calls) == len(result["us"]) == 25
+    assert result["notes"] == {} and len(calls) == len(result["us"]) == 27
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})

@@ -70,7 +70,7 @@ def _run_task(c: DecoderConfig, S: int, t: Task, b: dict, kv: torch.Tensor, pos:
     elif t.kind == Kind.DOWN:
         w = b[f"wdown{L}"].view(H, -1)[t.lo : t.hi]
         b[f"x[{t.layer + 1}]"][t.lo : t.hi] = b[f"h{L}"][t.lo : t.hi] + w @ b[f"act{L}"]
-    else:
+    elif t.kind != Kind.PREFETCH:  # (an L2 prefetch: no data)
         raise ValueError(f"interpret: unknown task kind {t.kind!r}")
 
 

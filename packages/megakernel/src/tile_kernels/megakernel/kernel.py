@@ -90,7 +90,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .graph import TaskGraph
+from .graph import Kind, TaskGraph
 from .schedule import TASK_FIELDS, Schedule, encode
 
 # rows of the offset table OFFS (buffer, layer): scratch buffers index the float32 arena A, weights the arena W
@@ -532,6 +532,19 @@ def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, IN
 
 
 @triton.jit
+def _prefetch_mlp(W, OFFS, layer, lo, hi, H, NL1, GU_ROWS: tl.constexpr, MLP_PF_ROWS: tl.constexpr,
+                  PF_CHUNKS: tl.constexpr, MLP_PF_BYTES: tl.constexpr):  # fmt: skip
+    """A PREFETCH task: the first MLP_PF_ROWS rows of each gate and up tile (GU_ROWS rows) within rows [lo, hi) to
+    L2 (bulk prefetches, contiguous rows)."""
+    es = W.dtype.element_ty.primitive_bitwidth // 8
+    wg, wu = _ptr(W, OFFS, B_WG, layer, NL1), _ptr(W, OFFS, B_WU, layer, NL1)
+    for r0 in range(lo, hi, GU_ROWS):
+        nbytes = tl.minimum(hi - r0, MLP_PF_ROWS) * H * es
+        _prefetch_l2(wg + r0 * H, nbytes, PF_CHUNKS, MLP_PF_BYTES)
+        _prefetch_l2(wu + r0 * H, nbytes, PF_CHUNKS, MLP_PF_BYTES)
+
+
+@triton.jit
 def _now(i, phase: tl.constexpr, INTERPRET: tl.constexpr):
     """A trace timestamp: %globaltimer (ns) on the GPU; in the interpreter a logical clock, 3 ticks a task in queue
     order (wait, run, end), which checks the trace's bookkeeping and format, not time."""
@@ -638,6 +651,9 @@ def decode_kernel(
     BLOCK_DH: tl.constexpr,
     PF_CHUNKS: tl.constexpr,
     PF_BYTES: tl.constexpr,
+    GU_ROWS: tl.constexpr,
+    MLP_PF_ROWS: tl.constexpr,
+    MLP_PF_BYTES: tl.constexpr,
     GEMV_STAGES: tl.constexpr,
     EVICT: tl.constexpr,
     ONE_POLLER: tl.constexpr,
@@ -708,10 +724,15 @@ def decode_kernel(
                         if i + 1 < q1:
                             _prefetch_task(n_kind, n_layer, n_lo, n_hi, n_split, W, KV, OFFS, position, NL1, H, INTER,
                                            QD, HK, MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
-                    _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
-                          MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
-                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, EVICT,
-                          INTERPRET)  # fmt: skip
+                    if kind == 6:  # PREFETCH (sm_90+ only; elsewhere, and in the interpreter, a no-op)
+                        if MLP_PF_ROWS > 0:
+                            _prefetch_mlp(W, OFFS, layer, lo, hi, H, NL1, GU_ROWS, MLP_PF_ROWS, PF_CHUNKS,
+                                          MLP_PF_BYTES)  # fmt: skip
+                    else:
+                        _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER,
+                              HK, MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU,
+                              BN_D, BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, EVICT,
+                              INTERPRET)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
                         tl.store(TRACE + 4 * t + 2, _now(i, 2, INTERPRET))
@@ -851,6 +872,8 @@ class Megakernel:
         # stages for the staged (per-op launch) baseline: runs of consecutive tasks of one kind and layer
         self.stages: list[tuple[int, int, int]] = []
         for task in graph.tasks:
+            if task.kind == Kind.PREFETCH:  # (the per-op launches prefetch each launch's own weights instead)
+                continue
             last = self.stages[-1] if self.stages else None
             if last and last[0] == task.kind and graph.tasks[last[1]].layer == task.layer:
                 self.stages[-1] = (last[0], last[1], last[2] + 1)
@@ -900,6 +923,9 @@ class Megakernel:
             BLOCK_DH=max(16, _pow2(c.head_dim // 2)),
             PF_CHUNKS=pf_chunks,
             PF_BYTES=pf_bytes(max_bytes if prefetch_bytes is None else min(max_bytes, prefetch_bytes)),
+            GU_ROWS=t.gateup,
+            MLP_PF_ROWS=min(t.mlp_prefetch_rows, t.gateup) if capable else 0,
+            MLP_PF_BYTES=pf_bytes(min(t.mlp_prefetch_rows, t.gateup) * c.hidden * es),
             GEMV_STAGES=gemv_stages,
             EVICT="evict_first" if weights_evict_first else "",
             ONE_POLLER=one_poller,
