@@ -41,8 +41,9 @@ loads are marked L2 evict_first (Megakernel's weights_evict_first; read once a s
 prefetched lines, activations and KV rows). The persistent
 kernel's default (Megakernel's prefetch / prefetch_bytes) is 1 with the first PREFETCH_BYTES of each matrix: all of a
 task's rows measured slower (132 CTAs' prefetches overrun the 50 MB L2), and so did 2 (benchmarks/results/h200/
-notes.md); the per-op launches prefetch whole tasks (1). Never in the interpreter, before sm_90, or where a row is not
-a multiple of 16 bytes.
+notes.md); the per-op launches prefetch whole tasks (1). PREFETCH tasks (graph.py, Tiling.mlp_prefetch_rows) stream
+the first rows of every gate / up tile to L2 from the SMs the attention block leaves idle (_prefetch_mlp). Never in
+the interpreter, before sm_90, or where a row is not a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in (BN, BK) weight tiles of
