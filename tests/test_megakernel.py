@@ -530,11 +530,13 @@ def test_triton_step_over_a_growing_context_and_epochs():
 
 
 @needs_interpreter
-def test_staged_launches_match_the_persistent_kernel():
-    """The benchmark's per-op baseline: the same task bodies, one launch per op of a layer, no counters."""
+@pytest.mark.parametrize("mlp_prefetch_rows", [0, 5])
+def test_staged_launches_match_the_persistent_kernel(mlp_prefetch_rows):
+    """The benchmark's per-op baseline: the same task bodies, one launch per op of a layer, no counters (the PREFETCH
+    tasks left out: each launch prefetches its own weights)."""
     config = DecoderConfig(2, 20, 6, 2, 4, 36, 7)
     weights = random_weights(config, 9, torch.float32)
-    kernel = kernel_for(config, Tiling(16, 8, 12, 8, 2), 4, weights)
+    kernel = kernel_for(config, Tiling(16, 8, 12, 8, 2, mlp_prefetch_rows), 4, weights)
     cache = torch.randn(config.kv_cache_shape(), generator=torch.Generator().manual_seed(9))
     cache2 = cache.clone()
     x = torch.randn(config.hidden)
