@@ -699,6 +699,10 @@ print(json.dumps([persistent, staged, traced]))
                 PF_BYTES=1024, GU_ROWS=64, MLP_PF_ROWS=0, MLP_PF_BYTES=16, GEMV_STAGES=0, EVICT="", ONE_POLLER=True,
                 SLEEP_NS=256, INTERPRET=False, DEBUG=False,
                 PREFETCH=True)  # fmt: skip
+    # its arenas' layout: (base, stride) of x, h, qkv, att, act, ao in A, then of the 8 weight buffers in W, 16 layers
+    strides = ([2048, 2048, 3072, 16 * 32 * 66, 8192, 2048],
+               [2048, 2048, 3072 * 2048, 2048 * 2048, 8192 * 2048, 8192 * 2048, 2048 * 8192, 3072])  # fmt: skip
+    meta["OFFS"] = [(16 * sum(arena[:i]), arena[i]) for arena in strides for i in range(len(arena))]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", code, json.dumps(meta)], capture_output=True, text=True, env=env,
                          timeout=300)  # fmt: skip

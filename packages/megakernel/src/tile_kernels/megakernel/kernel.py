@@ -13,10 +13,11 @@ deadlock-freedom (check.py, rule 5) assumes every queue runs concurrently; the c
 Task encoding. schedule.encode gives int32 tables, copied to the device once per build: `tasks` (num_tasks, 8) =
 (kind, layer, lo, hi, split, wait_begin, wait_end, signal), `waits` (num_waits, 2) = (counter, threshold), and the
 queues in CSR form (`queue_ptr`, `queue_tasks`). Buffer addresses are not in the table: each kind derives them from
-(layer, lo, hi, split) and an int64 offset table OFFS (buffer kind, layer) into two arenas, W (weights, model dtype)
-and A (activations, float32), plus the KV cache tensor itself, as interpret._run_task does with names. CTA `pid`
-loops over queue_tasks[queue_ptr[pid]:queue_ptr[pid + 1]] and dispatches on `kind` with an if-chain of task bodies
-whose tile shapes are constexpr (per projection BN >= the tile's rows, rows >= hi masked), so one compiled kernel
+(layer, lo, hi, split) and the constexpr layout OFFS ((base, stride) of each buffer kind: layer l at base + l stride)
+of two arenas, W (weights, model dtype) and A (activations, float32), plus the KV cache tensor itself, as
+interpret._run_task does with names. CTA `pid` loops over queue_tasks[queue_ptr[pid]:queue_ptr[pid + 1]] and
+dispatches on `kind` with an if-chain of task bodies whose tile shapes are constexpr (per projection BN >= the tile's
+rows, rows >= hi masked), so one compiled kernel
 serves every task. x[0] is read from the step's input and the last DOWN writes the step's output tensor directly.
 
 Counter protocol. `counters` is an int32 array, zeroed once at allocation and never reset: launch e (e = 1, 2, ...)
@@ -94,7 +95,7 @@ import triton.language as tl
 from .graph import Kind, TaskGraph
 from .schedule import TASK_FIELDS, Schedule, encode
 
-# rows of the offset table OFFS (buffer, layer): scratch buffers index the float32 arena A, weights the arena W
+# the buffer kinds of the layout OFFS: scratch buffers in the float32 arena A, weights in the arena W
 SCRATCH = ("x", "h", "qkv", "att", "act", "ao")
 WEIGHTS = ("w_attn_norm", "w_mlp_norm", "wqkv", "wo", "wgate", "wup", "wdown", "wqkv_bias")
 BUFFERS = SCRATCH + WEIGHTS
@@ -187,31 +188,33 @@ def _prefetch_l2(ptr, nbytes, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr):
 
 
 @triton.jit
-def _ptr(ARENA, OFFS, buf, layer, NL1):
-    """Base of buffer `buf` of `layer` in ARENA. Offsets are multiples of ALIGN elements: without the hint the loads
-    from a loaded offset compile to one 2-byte load per element instead of 16-byte vectors."""
-    return ARENA + tl.multiple_of(tl.load(OFFS + buf * NL1 + layer), ALIGN)
+def _ptr(ARENA, OFFS: tl.constexpr, buf: tl.constexpr, layer):
+    """Base of buffer `buf` of `layer` in ARENA: OFFS[buf] = (base, stride), the layers of a buffer one after another
+    (Megakernel.layout), so the address is arithmetic, with no table load after a wait. Offsets are multiples of ALIGN
+    elements: without the hint the loads compile to one 2-byte load per element instead of 16-byte vectors."""
+    off = tl.full([], OFFS[buf][0], tl.int64) + tl.full([], OFFS[buf][1], tl.int64) * layer
+    return ARENA + tl.multiple_of(off, ALIGN)
 
 
 @triton.jit
-def _vec(XIN, A, OFFS, buf: tl.constexpr, layer, NL1, idx, mask):
+def _vec(XIN, A, OFFS: tl.constexpr, buf: tl.constexpr, layer, idx, mask):
     """Elements idx of the float32 activation vector `buf` of `layer`: x[0] is the step's input, the rest scratch
     written in this launch, loaded with .cg (from L2, never a stale L1 line)."""
     if buf == B_X:
         if layer == 0:
             v = tl.load(XIN + idx, mask=mask, other=0.0).to(tl.float32)
         else:
-            v = tl.load(_ptr(A, OFFS, buf, layer, NL1) + idx, mask=mask, other=0.0, cache_modifier=".cg")
+            v = tl.load(_ptr(A, OFFS, buf, layer) + idx, mask=mask, other=0.0, cache_modifier=".cg")
     else:
-        v = tl.load(_ptr(A, OFFS, buf, layer, NL1) + idx, mask=mask, other=0.0, cache_modifier=".cg")
+        v = tl.load(_ptr(A, OFFS, buf, layer) + idx, mask=mask, other=0.0, cache_modifier=".cg")
     return v
 
 
 @triton.jit
-def _rms_scale(XIN, A, OFFS, buf: tl.constexpr, layer, NL1, H, eps, BLOCK_H: tl.constexpr):
+def _rms_scale(XIN, A, OFFS: tl.constexpr, buf: tl.constexpr, layer, H, eps, BLOCK_H: tl.constexpr):
     """1 / sqrt(mean(v^2) + eps) of the activation vector `buf` (H elements, one BLOCK_H tile)."""
     cols = tl.arange(0, BLOCK_H)
-    v = _vec(XIN, A, OFFS, buf, layer, NL1, cols, cols < H)
+    v = _vec(XIN, A, OFFS, buf, layer, cols, cols < H)
     return tl.rsqrt(tl.sum(v * v) / H + eps)
 
 
@@ -225,11 +228,11 @@ def _wtile(W, rows, hi, K, k0, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
 
 
 @triton.jit
-def _norm_chunk(XIN, A, OFFS, buf: tl.constexpr, layer, NL1, wn, H, k0, BLOCK_K: tl.constexpr):
+def _norm_chunk(XIN, A, OFFS: tl.constexpr, buf: tl.constexpr, layer, wn, H, k0, BLOCK_K: tl.constexpr):
     """Elements [k0, k0 + BLOCK_K) of the activation vector `buf` and of the norm weight wn, as loaded (QKV and
     GATEUP multiply them by r when they use them, a tile later)."""
     cols = k0 + tl.arange(0, BLOCK_K)
-    return _vec(XIN, A, OFFS, buf, layer, NL1, cols, cols < H), tl.load(wn + cols, mask=cols < H, other=0.0)
+    return _vec(XIN, A, OFFS, buf, layer, cols, cols < H), tl.load(wn + cols, mask=cols < H, other=0.0)
 
 
 @triton.jit
@@ -322,7 +325,7 @@ def _task(
     KV,
     XIN,
     OUT,
-    OFFS,
+    OFFS: tl.constexpr,
     ROPE,
     position,
     NL,
@@ -354,38 +357,37 @@ def _task(
     INTERPRET: tl.constexpr,
 ):
     """One task (graph.py's table of kinds); `kind` is a constexpr in staged launches (one body compiled)."""
-    NL1 = NL + 1
     HQ = HK * G
     QD = HQ * D
     if kind == 0:  # QKV: qkv[lo:hi] = Wqkv[lo:hi] (x r w_attn), r = rsqrt(mean(x^2) + eps), x = x[l]
-        r = _rms_scale(XIN, A, OFFS, B_X, layer, NL1, H, eps, BLOCK_H)
-        wqkv = _ptr(W, OFFS, B_WQKV, layer, NL1)
-        wn = _ptr(W, OFFS, B_WAN, layer, NL1)
+        r = _rms_scale(XIN, A, OFFS, B_X, layer, H, eps, BLOCK_H)
+        wqkv = _ptr(W, OFFS, B_WQKV, layer)
+        wn = _ptr(W, OFFS, B_WAN, layer)
         rows = lo + tl.arange(0, BN_QKV)
         acc = tl.zeros((BN_QKV,), tl.float32)
         if GEMV_STAGES > 0:  # as _gemv
             for k0 in tl.range(0, H, BK_QKV, num_stages=GEMV_STAGES):
                 w = _wtile(wqkv, rows, hi, H, k0, BK_QKV, EVICT)
-                v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, k0, BK_QKV)
+                v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, wn, H, k0, BK_QKV)
                 acc += tl.sum(w.to(tl.float32) * (v * r * g.to(tl.float32))[None, :], axis=1)
         else:
             w = _wtile(wqkv, rows, hi, H, 0, BK_QKV, EVICT)
-            v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, 0, BK_QKV)
+            v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, wn, H, 0, BK_QKV)
             for k0 in range(0, H, BK_QKV):  # as _gemv, the input normalized chunk by chunk
                 w_next = _wtile(wqkv, rows, hi, H, k0 + BK_QKV, BK_QKV, EVICT)
-                v_next, g_next = _norm_chunk(XIN, A, OFFS, B_X, layer, NL1, wn, H, k0 + BK_QKV, BK_QKV)
+                v_next, g_next = _norm_chunk(XIN, A, OFFS, B_X, layer, wn, H, k0 + BK_QKV, BK_QKV)
                 acc += tl.sum(w.to(tl.float32) * (v * r * g.to(tl.float32))[None, :], axis=1)
                 w = w_next
                 v = v_next
                 g = g_next
-        acc += tl.load(_ptr(W, OFFS, B_BQKV, layer, NL1) + rows, mask=rows < hi, other=0.0).to(tl.float32)
-        tl.store(_ptr(A, OFFS, B_QKV, layer, NL1) + rows, acc, mask=rows < hi)
+        acc += tl.load(_ptr(W, OFFS, B_BQKV, layer) + rows, mask=rows < hi, other=0.0).to(tl.float32)
+        tl.store(_ptr(A, OFFS, B_QKV, layer) + rows, acc, mask=rows < hi)
     elif kind == 1:  # ATTN of group g = lo, split s (graph.py): rope, the new KV row, (o, m, l) over the split
         i = tl.arange(0, BLOCK_DH)  # the two rotary halves are kept apart: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)
         im = i < D // 2
         jg = tl.arange(0, BLOCK_G)
         qm = (jg < G)[:, None] & im[None, :]
-        seg = _ptr(A, OFFS, B_QKV, layer, NL1) + lo * (G + 2) * D  # G q heads, k_g, v_g
+        seg = _ptr(A, OFFS, B_QKV, layer) + lo * (G + 2) * D  # G q heads, k_g, v_g
         c = tl.load(ROPE + position * (D // 2) + i, mask=im, other=1.0)
         s = tl.load(ROPE + (MAXSEQ + position) * (D // 2) + i, mask=im, other=0.0)
         x1 = tl.load(seg + jg[:, None] * D + i[None, :], mask=qm, other=0.0, cache_modifier=".cg")
@@ -436,22 +438,22 @@ def _task(
             o1 = o1 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), va, INTERPRET)
             o2 = o2 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), vb, INTERPRET)
             m_i = m_new
-        rec = _ptr(A, OFFS, B_ATT, layer, NL1) + (split * HQ + lo * G + jg) * (D + 2)  # (split, head, [o, m, l])
+        rec = _ptr(A, OFFS, B_ATT, layer) + (split * HQ + lo * G + jg) * (D + 2)  # (split, head, [o, m, l])
         tl.store(rec[:, None] + i[None, :], o1, mask=qm)
         tl.store(rec[:, None] + D // 2 + i[None, :], o2, mask=qm)
         tl.store(rec + D, m_i, mask=jg < G)
         tl.store(rec + D + 1, l_i, mask=jg < G)
     elif kind == 2:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] ao
         rows = lo + tl.arange(0, BN_O)
-        wo, ao = _ptr(W, OFFS, B_WO, layer, NL1), _ptr(A, OFFS, B_AO, layer, NL1)
+        wo, ao = _ptr(W, OFFS, B_WO, layer), _ptr(A, OFFS, B_AO, layer)
         acc = _gemv(wo, ao, lo, hi, QD, BN_O, BK_O, GEMV_STAGES, EVICT)
-        res = _vec(XIN, A, OFFS, B_X, layer, NL1, rows, rows < hi)
-        tl.store(_ptr(A, OFFS, B_H, layer, NL1) + rows, res + acc, mask=rows < hi)
+        res = _vec(XIN, A, OFFS, B_X, layer, rows, rows < hi)
+        tl.store(_ptr(A, OFFS, B_H, layer) + rows, res + acc, mask=rows < hi)
     elif kind == 3:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] m) * (Wu[lo:hi] m), m = h r w_mlp, r = rsqrt(mean(h^2) + eps)
-        r = _rms_scale(XIN, A, OFFS, B_H, layer, NL1, H, eps, BLOCK_H)
-        wg = _ptr(W, OFFS, B_WG, layer, NL1)
-        wu = _ptr(W, OFFS, B_WU, layer, NL1)
-        wn = _ptr(W, OFFS, B_WMN, layer, NL1)
+        r = _rms_scale(XIN, A, OFFS, B_H, layer, H, eps, BLOCK_H)
+        wg = _ptr(W, OFFS, B_WG, layer)
+        wu = _ptr(W, OFFS, B_WU, layer)
+        wn = _ptr(W, OFFS, B_WMN, layer)
         rows = lo + tl.arange(0, BN_GU)
         acc_g = tl.zeros((BN_GU,), tl.float32)
         acc_u = tl.zeros((BN_GU,), tl.float32)
@@ -459,18 +461,18 @@ def _task(
             for k0 in tl.range(0, H, BK_GU, num_stages=GEMV_STAGES):
                 tg = _wtile(wg, rows, hi, H, k0, BK_GU, EVICT)
                 tu = _wtile(wu, rows, hi, H, k0, BK_GU, EVICT)
-                v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, k0, BK_GU)
+                v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, wn, H, k0, BK_GU)
                 n = v * r * g.to(tl.float32)
                 acc_g += tl.sum(tg.to(tl.float32) * n[None, :], axis=1)
                 acc_u += tl.sum(tu.to(tl.float32) * n[None, :], axis=1)
         else:
             tg = _wtile(wg, rows, hi, H, 0, BK_GU, EVICT)
             tu = _wtile(wu, rows, hi, H, 0, BK_GU, EVICT)
-            v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, 0, BK_GU)
+            v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, wn, H, 0, BK_GU)
             for k0 in range(0, H, BK_GU):  # as _gemv, both matrices in one loop, the input normalized chunk by chunk
                 tg_next = _wtile(wg, rows, hi, H, k0 + BK_GU, BK_GU, EVICT)
                 tu_next = _wtile(wu, rows, hi, H, k0 + BK_GU, BK_GU, EVICT)
-                v_next, g_next = _norm_chunk(XIN, A, OFFS, B_H, layer, NL1, wn, H, k0 + BK_GU, BK_GU)
+                v_next, g_next = _norm_chunk(XIN, A, OFFS, B_H, layer, wn, H, k0 + BK_GU, BK_GU)
                 n = v * r * g.to(tl.float32)
                 acc_g += tl.sum(tg.to(tl.float32) * n[None, :], axis=1)
                 acc_u += tl.sum(tu.to(tl.float32) * n[None, :], axis=1)
@@ -478,23 +480,23 @@ def _task(
                 tu = tu_next
                 v = v_next
                 g = g_next
-        tl.store(_ptr(A, OFFS, B_ACT, layer, NL1) + rows, acc_g * tl.sigmoid(acc_g) * acc_u, mask=rows < hi)
+        tl.store(_ptr(A, OFFS, B_ACT, layer) + rows, acc_g * tl.sigmoid(acc_g) * acc_u, mask=rows < hi)
     elif kind == 4:  # DOWN: x[l + 1][lo:hi] = h[lo:hi] + Wd[lo:hi] act (the last layer writes the step's output)
         rows = lo + tl.arange(0, BN_D)
-        wd, act = _ptr(W, OFFS, B_WD, layer, NL1), _ptr(A, OFFS, B_ACT, layer, NL1)
+        wd, act = _ptr(W, OFFS, B_WD, layer), _ptr(A, OFFS, B_ACT, layer)
         acc = _gemv(wd, act, lo, hi, INTER, BN_D, BK_D, GEMV_STAGES, EVICT)
-        y = tl.load(_ptr(A, OFFS, B_H, layer, NL1) + rows, mask=rows < hi, other=0.0, cache_modifier=".cg") + acc
+        y = tl.load(_ptr(A, OFFS, B_H, layer) + rows, mask=rows < hi, other=0.0, cache_modifier=".cg") + acc
         if layer + 1 == NL:
             tl.store(OUT + rows, y.to(OUT.dtype.element_ty), mask=rows < hi)
         else:
-            tl.store(_ptr(A, OFFS, B_X, layer + 1, NL1) + rows, y, mask=rows < hi)
+            tl.store(_ptr(A, OFFS, B_X, layer + 1) + rows, y, mask=rows < hi)
     elif kind == 5:  # COMBINE of group g = lo: ao[heads of g] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
         sp = tl.arange(0, BLOCK_S)[:, None, None]
         jg = tl.arange(0, BLOCK_GC)[None, :, None]
         d = tl.arange(0, 2 * BLOCK_DH)[None, None, :]
         head = lo * G + jg
-        ao = _ptr(A, OFFS, B_AO, layer, NL1)  # (its offset's load issued with the others, not before the store)
-        rec = _ptr(A, OFFS, B_ATT, layer, NL1) + (sp * HQ + head) * (D + 2)  # (S, G, 1): (split, head, [o, m, l])
+        ao = _ptr(A, OFFS, B_AO, layer)  # (its offset's load issued with the others, not before the store)
+        rec = _ptr(A, OFFS, B_ATT, layer) + (sp * HQ + head) * (D + 2)  # (S, G, 1): (split, head, [o, m, l])
         sm = (sp < S) & (jg < G)
         # padded splits: m = -inf (weight 0); padded heads: m = 0, l = 1, o = 0 (no NaN); split 0 is never empty
         m = tl.where(jg < G, tl.load(rec + D, mask=sm, other=float("-inf"), cache_modifier=".cg"), 0.0)
@@ -508,7 +510,7 @@ def _task(
 
 
 @triton.jit
-def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, INTER, QD, HK, MAXSEQ, S,
+def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS: tl.constexpr, position, H, INTER, QD, HK, MAXSEQ, S,
                    D: tl.constexpr, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr):  # fmt: skip
     """L2 prefetch of what the task reads from HBM and no task writes: its weight rows [lo, hi) (contiguous in the
     row-major matrices, bulk prefetches), or for ATTN its split's cached K and V rows (a line prefetch each half)."""
@@ -522,23 +524,23 @@ def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, IN
                 _prefetch_lines(kbase + p * (HK * D) + half * (D // 2), p < e)
                 _prefetch_lines(vbase + p * (HK * D) + half * (D // 2), p < e)
     elif kind == 0:
-        _prefetch_l2(_ptr(W, OFFS, B_WQKV, layer, NL1) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
+        _prefetch_l2(_ptr(W, OFFS, B_WQKV, layer) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
     elif kind == 2:
-        _prefetch_l2(_ptr(W, OFFS, B_WO, layer, NL1) + lo * QD, (hi - lo) * QD * es, PF_CHUNKS, PF_BYTES)
+        _prefetch_l2(_ptr(W, OFFS, B_WO, layer) + lo * QD, (hi - lo) * QD * es, PF_CHUNKS, PF_BYTES)
     elif kind == 3:
-        _prefetch_l2(_ptr(W, OFFS, B_WG, layer, NL1) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
-        _prefetch_l2(_ptr(W, OFFS, B_WU, layer, NL1) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
+        _prefetch_l2(_ptr(W, OFFS, B_WG, layer) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
+        _prefetch_l2(_ptr(W, OFFS, B_WU, layer) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
     elif kind == 4:
-        _prefetch_l2(_ptr(W, OFFS, B_WD, layer, NL1) + lo * INTER, (hi - lo) * INTER * es, PF_CHUNKS, PF_BYTES)
+        _prefetch_l2(_ptr(W, OFFS, B_WD, layer) + lo * INTER, (hi - lo) * INTER * es, PF_CHUNKS, PF_BYTES)
 
 
 @triton.jit
-def _prefetch_mlp(W, OFFS, layer, lo, hi, H, NL1, GU_ROWS: tl.constexpr, MLP_PF_ROWS: tl.constexpr,
+def _prefetch_mlp(W, OFFS: tl.constexpr, layer, lo, hi, H, GU_ROWS: tl.constexpr, MLP_PF_ROWS: tl.constexpr,
                   PF_CHUNKS: tl.constexpr, MLP_PF_BYTES: tl.constexpr):  # fmt: skip
     """A PREFETCH task: the first MLP_PF_ROWS rows of each gate and up tile (GU_ROWS rows) within rows [lo, hi) to
     L2 (bulk prefetches, contiguous rows)."""
     es = W.dtype.element_ty.primitive_bitwidth // 8
-    wg, wu = _ptr(W, OFFS, B_WG, layer, NL1), _ptr(W, OFFS, B_WU, layer, NL1)
+    wg, wu = _ptr(W, OFFS, B_WG, layer), _ptr(W, OFFS, B_WU, layer)
     for r0 in range(lo, hi, GU_ROWS):
         nbytes = tl.minimum(hi - r0, MLP_PF_ROWS) * H * es
         _prefetch_l2(wg + r0 * H, nbytes, PF_CHUNKS, MLP_PF_BYTES)
@@ -613,7 +615,6 @@ def decode_kernel(
     KV,
     XIN,
     OUT,
-    OFFS,
     ROPE,
     TASKS,
     WAITS,
@@ -634,6 +635,7 @@ def decode_kernel(
     eps,
     sm_scale,
     timeout_ns,
+    OFFS: tl.constexpr,
     G: tl.constexpr,
     D: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -672,7 +674,6 @@ def decode_kernel(
     end, program). STAGED: program pid runs task task0 + pid of kind KIND, no counters (the launch order is the
     dependency; with PDL, griddepcontrol waits for the previous launch)."""
     pid = tl.program_id(0)
-    NL1 = NL + 1
     QD = HK * G * D
     if MODE == 1:
         t = task0 + pid
@@ -681,7 +682,7 @@ def decode_kernel(
         hi = tl.load(TASKS + t * NF + 3)
         split = tl.load(TASKS + t * NF + 4)
         if PREFETCH:
-            _prefetch_task(KIND, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, INTER, QD, HK, MAXSEQ, S, D,
+            _prefetch_task(KIND, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK, MAXSEQ, S, D,
                            PF_CHUNKS, PF_BYTES)  # fmt: skip
         if PDL and not INTERPRET:  # (the interpreter runs launches one after another anyway)
             tl.extra.cuda.gdc_wait()  # the previous launch has finished and its writes are visible
@@ -705,7 +706,7 @@ def decode_kernel(
                     tl.store(TRACE + 4 * t + 3, pid.to(tl.int64))
                 if PREFETCH != 0:  # weights never wait: streamed to L2 before spinning (2: the queue's first task)
                     if (i == q0) | (PREFETCH == 1):
-                        _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, NL1, H, INTER, QD, HK,
+                        _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK,
                                        MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
                 if PREFETCH == 2:  # the next task's fields, loaded while this one waits (its prefetch issues after)
                     tn = tl.load(QTASKS + tl.minimum(i + 1, q1 - 1)) * NF
@@ -723,11 +724,11 @@ def decode_kernel(
                         tl.store(TRACE + 4 * t + 1, _now(i, 1, INTERPRET))
                     if PREFETCH == 2:  # the next task's weights stream to L2 while this one runs
                         if i + 1 < q1:
-                            _prefetch_task(n_kind, n_layer, n_lo, n_hi, n_split, W, KV, OFFS, position, NL1, H, INTER,
+                            _prefetch_task(n_kind, n_layer, n_lo, n_hi, n_split, W, KV, OFFS, position, H, INTER,
                                            QD, HK, MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
                     if kind == 6:  # PREFETCH (sm_90+ only; elsewhere, and in the interpreter, a no-op)
                         if MLP_PF_ROWS > 0:
-                            _prefetch_mlp(W, OFFS, layer, lo, hi, H, NL1, GU_ROWS, MLP_PF_ROWS, PF_CHUNKS,
+                            _prefetch_mlp(W, OFFS, layer, lo, hi, H, GU_ROWS, MLP_PF_ROWS, PF_CHUNKS,
                                           MLP_PF_BYTES)  # fmt: skip
                     else:
                         _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER,
@@ -831,25 +832,24 @@ class Megakernel:
             raise ValueError(f"megakernel: gemv_stages must be 0, 2, 3 or 4, got {gemv_stages!r}")
         weights = [packed[f"{b}[{layer}]"] for b in WEIGHTS for layer in range(c.num_layers)]
         self.dtype = weights[0].dtype
-        nl1, align = c.num_layers + 1, ALIGN.value
-        offs = torch.zeros((len(BUFFERS), nl1), dtype=torch.int64)
-        size_w = size_a = 0
-        for row, b in enumerate(BUFFERS):
-            for layer in range(nl1):
-                name = f"{b}[{layer}]"
-                if name not in graph.buffers or name in graph.inputs and b in SCRATCH or name == graph.output:
-                    continue  # x[0] is the input, x[L] the output
-                if b in WEIGHTS:
-                    offs[row, layer], size_w = size_w, size_w + -(-graph.buffers[name] // align) * align
-                else:
-                    offs[row, layer], size_a = size_a, size_a + -(-graph.buffers[name] // align) * align
-        self.W = torch.empty(max(size_w, 1), dtype=self.dtype, device=self.device)
+        align = ALIGN.value
+        # each buffer's layers one after another at a stride of its aligned size (x[0], the step's input, keeps an
+        # unused slot; x[L] is the step's output tensor): (base, stride) a buffer, in its arena
+        layout, size = [], {"A": 0, "W": 0}
+        for b in BUFFERS:
+            sizes = {graph.buffers[n] for n in (f"{b}[{layer}]" for layer in range(c.num_layers)) if n in graph.buffers}
+            if len(sizes) != 1:
+                raise ValueError(f"megakernel: buffer {b} must have one size in every layer, got {sorted(sizes)}")
+            arena, stride = "W" if b in WEIGHTS else "A", -(-sizes.pop() // align) * align
+            layout.append((size[arena], stride))
+            size[arena] += c.num_layers * stride
+        self.layout = tuple(layout)
+        self.W = torch.empty(max(size["W"], 1), dtype=self.dtype, device=self.device)
         for row, b in enumerate(WEIGHTS, len(SCRATCH)):
             for layer in range(c.num_layers):
-                w = packed[f"{b}[{layer}]"]
-                self.W[offs[row, layer] : offs[row, layer] + w.numel()].copy_(w.reshape(-1))
-        self.A = torch.full((max(size_a, 1),), float("nan"), dtype=torch.float32, device=self.device)
-        self.offs = offs.to(self.device)
+                w, start = packed[f"{b}[{layer}]"], layout[row][0] + layer * layout[row][1]
+                self.W[start : start + w.numel()].copy_(w.reshape(-1))
+        self.A = torch.full((max(size["A"], 1),), float("nan"), dtype=torch.float32, device=self.device)
         angle = torch.arange(c.max_seq, dtype=torch.float64)[:, None] * torch.tensor(c.rope_inv_freq())[None, :]
         self.rope = torch.stack([angle.cos(), angle.sin()]).to(torch.float32).reshape(-1).to(self.device)
         if self.interpret:  # one queue: a legal interleaving, then whatever could not run (the kernel reports it)
@@ -906,6 +906,7 @@ class Megakernel:
 
         self.staged_prefetch, self.staged_pf_bytes = capable, pf_bytes(max_bytes)
         self.meta = dict(
+            OFFS=self.layout,
             G=c.group,
             D=c.head_dim,
             BLOCK_H=_pow2(c.hidden),
@@ -944,7 +945,8 @@ class Megakernel:
         b, layer = name[: name.index("[")], int(name[name.index("[") + 1 : -1])
         if b not in SCRATCH or name not in self.graph.buffers or name in self.graph.inputs or name == self.graph.output:
             raise ValueError(f"megakernel: {name!r} is not a scratch buffer of the arena")
-        start = int(self.offs[BUFFERS.index(b), layer])
+        base, stride = self.layout[BUFFERS.index(b)]
+        start = base + layer * stride
         return self.A[start : start + self.graph.buffers[name]]
 
     def _check(self, hidden, kv_cache, position):
@@ -974,7 +976,7 @@ class Megakernel:
 
         with contextlib.nullcontext() if self.interpret else torch.cuda.device(self.device):  # its stream
             decode_kernel[grid](
-                self.W, self.A, kv_cache, x, out, self.offs, self.rope, self.tasks, self.waits, self.queue_ptr,
+                self.W, self.A, kv_cache, x, out, self.rope, self.tasks, self.waits, self.queue_ptr,
                 self.queue_tasks, self.counters, self.err, self.err if trace is None else trace, epoch, position,
                 task0, *self.scalars, self.timeout_ns, MODE=mode, KIND=kind, PDL=pdl, TRACING=trace is not None,
                 **{**self.meta, **extra},
@@ -1028,10 +1030,11 @@ def compile_ahead(meta: dict, weight_dtype: str = "bf16", kv_dtype: str = "bf16"
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    ptrs = dict(W=weight_dtype, A="fp32", KV=kv_dtype, XIN=weight_dtype, OUT=weight_dtype, OFFS="i64", ROPE="fp32")
+    ptrs = dict(W=weight_dtype, A="fp32", KV=kv_dtype, XIN=weight_dtype, OUT=weight_dtype, ROPE="fp32")
     ptrs |= {k: "i32" for k in ("TASKS", "WAITS", "QPTR", "QTASKS", "COUNTERS", "ERR")} | {"TRACE": "i64"}
     ints = ("epoch", "position", "task0", "NL", "H", "INTER", "HK", "MAXSEQ", "S")
     const = {**meta, "INTERPRET": False, "MODE": PERSISTENT, "KIND": -1, "PDL": False, "TRACING": False, **modes}
+    const["OFFS"] = tuple(tuple(pair) for pair in const["OFFS"])  # (from JSON: lists)
     signature = {k: "*" + v for k, v in ptrs.items()} | dict.fromkeys(ints, "i32")
     signature |= {"eps": "fp32", "sm_scale": "fp32", "timeout_ns": "i64"} | dict.fromkeys(const, "constexpr")
     # what a launch specializes: 16-byte aligned tensors, ints divisible by 16 (here the model's widths)
