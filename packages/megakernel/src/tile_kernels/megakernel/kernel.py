@@ -495,7 +495,7 @@ def _task(
         jg = tl.arange(0, BLOCK_GC)[None, :, None]
         d = tl.arange(0, 2 * BLOCK_DH)[None, None, :]
         head = lo * G + jg
-        ao = _ptr(A, OFFS, B_AO, layer)  # (its offset's load issued with the others, not before the store)
+        ao = _ptr(A, OFFS, B_AO, layer)
         rec = _ptr(A, OFFS, B_ATT, layer) + (sp * HQ + head) * (D + 2)  # (S, G, 1): (split, head, [o, m, l])
         sm = (sp < S) & (jg < G)
         # padded splits: m = -inf (weight 0); padded heads: m = 0, l = 1, o = 0 (no NaN); split 0 is never empty
