@@ -131,9 +131,9 @@ def _nanosleep(ns):
 @triton.jit
 def _spin_one_thread(ptr, target, SLEEP_NS: tl.constexpr):
     """Thread 0 of the CTA polls *ptr with acquire loads (nanosleep backoff 32..SLEEP_NS ns; 0: none) until it is
-    >= target; the
-    other threads return at once and meet it at the caller's CTA barrier (one poller an SM: the polls of a counter
-    that 132 SMs wait on stay off its L2 slice's queue). A loop inside the asm: Triton's loops are CTA-uniform."""
+    >= target; the other threads return at once and meet it at the caller's CTA barrier (one poller an SM: the polls
+    of a counter that 132 SMs wait on stay off its L2 slice's queue). A loop inside the asm: Triton's loops are
+    CTA-uniform."""
     return tl.inline_asm_elementwise(
         """{
 .reg .pred p;
@@ -845,9 +845,9 @@ class Megakernel:
             size[arena] += c.num_layers * stride
         self.layout = tuple(layout)
         self.W = torch.empty(max(size["W"], 1), dtype=self.dtype, device=self.device)
-        for row, b in enumerate(WEIGHTS, len(SCRATCH)):
+        for b in WEIGHTS:
             for layer in range(c.num_layers):
-                w, start = packed[f"{b}[{layer}]"], layout[row][0] + layer * layout[row][1]
+                w, start = packed[f"{b}[{layer}]"], self._offset(b, layer)
                 self.W[start : start + w.numel()].copy_(w.reshape(-1))
         self.A = torch.full((max(size["A"], 1),), float("nan"), dtype=torch.float32, device=self.device)
         angle = torch.arange(c.max_seq, dtype=torch.float64)[:, None] * torch.tensor(c.rope_inv_freq())[None, :]
@@ -905,6 +905,7 @@ class Megakernel:
             return max(16, -(-nbytes // (pf_chunks * 16)) * 16)
 
         self.staged_prefetch, self.staged_pf_bytes = capable, pf_bytes(max_bytes)
+        mlp_pf_rows = min(t.mlp_prefetch_rows, t.gateup)  # a PREFETCH task's rows of each gate / up tile
         self.meta = dict(
             OFFS=self.layout,
             G=c.group,
@@ -926,8 +927,8 @@ class Megakernel:
             PF_CHUNKS=pf_chunks,
             PF_BYTES=pf_bytes(max_bytes if prefetch_bytes is None else min(max_bytes, prefetch_bytes)),
             GU_ROWS=t.gateup,
-            MLP_PF_ROWS=min(t.mlp_prefetch_rows, t.gateup) if capable else 0,
-            MLP_PF_BYTES=pf_bytes(min(t.mlp_prefetch_rows, t.gateup) * c.hidden * es),
+            MLP_PF_ROWS=mlp_pf_rows if capable else 0,
+            MLP_PF_BYTES=pf_bytes(mlp_pf_rows * c.hidden * es),
             GEMV_STAGES=gemv_stages,
             EVICT="evict_first" if weights_evict_first else "",
             ONE_POLLER=one_poller,
@@ -945,9 +946,13 @@ class Megakernel:
         b, layer = name[: name.index("[")], int(name[name.index("[") + 1 : -1])
         if b not in SCRATCH or name not in self.graph.buffers or name in self.graph.inputs or name == self.graph.output:
             raise ValueError(f"megakernel: {name!r} is not a scratch buffer of the arena")
-        base, stride = self.layout[BUFFERS.index(b)]
-        start = base + layer * stride
+        start = self._offset(b, layer)
         return self.A[start : start + self.graph.buffers[name]]
+
+    def _offset(self, buffer: str, layer: int) -> int:
+        """Element offset of `buffer`'s layer in its arena: the layout _ptr reads in the kernel."""
+        base, stride = self.layout[BUFFERS.index(buffer)]
+        return base + layer * stride
 
     def _check(self, hidden, kv_cache, position):
         from .reference import check_step_inputs
