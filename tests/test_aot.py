@@ -11,6 +11,7 @@ import re
 import textwrap
 
 import pytest
+import triton
 from conftest import assert_in_order, needs_tilelang
 from subprocesses import run_python
 
@@ -30,11 +31,18 @@ FLASH_ATTENTION_KERNELS = ("flash_fwd_kernel", "flash_bwd_preprocess_kernel", "f
                            "flash_bwd_dq_kernel")  # fmt: skip
 
 
-# Configurations that spill registers (`tile-kernels aot --report`, triton 3.9, 2026-11-29; the AMD targets spill
+# Configurations that spill registers (`tile-kernels aot --report`, SPILLS_TRITON, 2026-11-29; the AMD targets spill
 # none), with the targets where they do: a list to shrink, grown only for a configuration measured faster than every
 # non-spilling one (mla_decode's). No other is in the H200 benchmark's shapes (bf16 rows of 4096, 65536, 262144:
 # aligned builds).
 _CUDA = ("cuda:80", "cuda:90", "cuda:100")
+# The spills are those of one compiler: another Triton (a GPU machine's, the oldest allowed) allocates registers
+# differently, and there the tests check that every kernel compiles, not which spill.
+SPILLS_TRITON = "3.9"  # the CPU suite's (the newest)
+SPILLS_APPLY = triton.__version__.startswith(SPILLS_TRITON + ".")
+spills_of_that_triton = pytest.mark.skipif(
+    not SPILLS_APPLY, reason=f"KNOWN_SPILLS are Triton {SPILLS_TRITON}'s, not {triton.__version__}'s"
+)
 KNOWN_SPILLS = {
     # 4097-8192-wide rows held in registers by 16 warps (128 registers a thread at most): 8-864 bytes a thread
     r"(rms|layer)_norm/norm_bwd_kernel\[BLOCK_N=8192,": _CUDA,
@@ -74,9 +82,10 @@ def test_every_registered_kernel_compiles_for(target):
     spilling = [line for line in reports if " 0 B spilled" not in line]
     known = [pattern for pattern, targets in KNOWN_SPILLS.items() if target in targets]
     unknown = [line for line in spilling if not any(re.search(pattern, line) for pattern in known)]
-    assert not unknown, "new register spills:\n" + "\n".join(unknown)
     fixed = [pattern for pattern in known if not any(re.search(pattern, line) for line in spilling)]
-    assert not (FULL_MATRIX and fixed), f"no longer spilling on {target} (take them out of KNOWN_SPILLS): {fixed}"
+    if SPILLS_APPLY:
+        assert not unknown, "new register spills:\n" + "\n".join(unknown)
+        assert not (FULL_MATRIX and fixed), f"no longer spilling on {target} (take them out of KNOWN_SPILLS): {fixed}"
 
 
 def test_per_kernel_keeps_every_kernel_first_and_last():
@@ -90,6 +99,7 @@ def test_per_kernel_keeps_every_kernel_first_and_last():
         assert [c for c in sample if (c.op, c.kernel_name) == key] == [group[0], group[-1]]
 
 
+@spills_of_that_triton
 def test_no_spills_fails_a_spilling_kernel_naming_it():
     run = _python("-m", "tile_kernels.cli", "aot", "--target", "cuda:90", "--op", "apply_rotary", "--jobs", "1",
                   "--quiet", "--no-spills")  # fmt: skip

@@ -683,7 +683,9 @@ MAX_GRID_YZ = 65535
 
 def program_chunk(groups: int, group_bytes: int) -> int:
     """The groups a chunk of the grid holds: the largest divisor of `groups` whose groups stream at most
-    L2_CHUNK_BYTES together (at least 1), or the smallest that keeps groups / chunk a grid dimension."""
+    L2_CHUNK_BYTES together (at least 1), or the smallest that keeps groups / chunk a grid dimension. A grid's
+    shape: symbolic sizes (torch.compile's dynamic shapes) are specialized to their values."""
+    groups = int(groups)
     divisors = sorted({d for i in range(1, math.isqrt(groups) + 1) if groups % i == 0 for d in (i, groups // i)})
     fits = [c for c in divisors if c * group_bytes <= L2_CHUNK_BYTES] or [1]
     return max(fits[-1], next(c for c in divisors if groups // c <= MAX_GRID_YZ))
