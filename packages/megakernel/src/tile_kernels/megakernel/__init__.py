@@ -90,6 +90,7 @@ def build_decode_step(
     tile_budget: int | None = None,
     gemv_stages: int = 0,
     task_costs=None,
+    fuse_combine: bool = False,
 ) -> DecodeStep:
     """Builds the task graph, schedules it on `num_sms` queues (default: the GPU's SM count, or 132 on a CPU), checks
     the schedule, and returns the step. `tiling` defaults to Tiling.auto; `context_hint` (default max_seq) only
@@ -101,8 +102,9 @@ def build_decode_step(
     a legal order). debug=True arms the watchdog: a wait longer than `timeout_s` aborts the step and the call raises a
     RuntimeError naming the stuck task and counter (each call then synchronizes). `tile_budget` (default
     kernel.TILE_BUDGET) is the elements of a GEMV weight tile, `gemv_stages` the projections' pipelining (Megakernel).
-    `task_costs`: a Trace of a step built
-    with the same arguments (or its costs_ns()): the queues balanced by measured run times instead of estimated bytes.
+    `task_costs`: a Trace of a step built with the same arguments (or its costs_ns()): the queues balanced by measured
+    run times instead of estimated bytes. `fuse_combine`: each group's COMBINE run by its last ATTN split to finish,
+    in no queue (schedule.py).
     backend="interpreter": the reference interpreter of the same graph and schedule (CPU tensors)."""
     if backend not in BACKENDS:
         raise ValueError(f"build_decode_step: backend must be one of {BACKENDS}, got {backend!r}")
@@ -136,7 +138,9 @@ def build_decode_step(
         if [t.label for t in task_costs.graph.tasks] != [t.label for t in graph.tasks]:
             raise ValueError("build_decode_step: task_costs is the trace of another graph (other config or tiling)")
         task_costs = task_costs.costs_ns()
-    sched = schedule(graph, num_sms, costs_ns=task_costs)
+    if type(fuse_combine) is not bool:
+        raise TypeError(f"build_decode_step: fuse_combine must be a bool, got {fuse_combine!r}")
+    sched = schedule(graph, num_sms, costs_ns=task_costs, fuse_combine=fuse_combine)
     check_schedule(graph, sched)
     packed = pack_weights(config, layers)
     kernel = None

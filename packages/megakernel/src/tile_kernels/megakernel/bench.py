@@ -12,11 +12,11 @@ five ways in one run on one GPU:
 and variants of the megakernel that the GPU runs learn from: without the L2 prefetch, with more of it (a task's first
 128 KB of each matrix, or all of it, against the default's 32 KB), or ahead (the next task's while one runs); weight
 loads without the L2 evict_first policy; every thread polling a counter instead of one a CTA, shorter poll sleeps;
-GEMV weight tiles of 8192 or 32768 elements (tile_budget; the default is kernel.TILE_BUDGET = 16384, two tiles in
-flight); 4 warps (8192-element tiles: the same registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits;
-gate / up rows prefetched to L2 by PREFETCH tasks during the attention block (Tiling.mlp_prefetch_rows); 4x
-O-projection rows; the queues balanced by each task's traced run time (trace.py) instead of its estimated bytes. Every
-megakernel's first launch runs under the watchdog and is compared with the eager step (max |error| recorded).
+each group's COMBINE run by its last ATTN split instead of as a queued task; GEMV weight tiles of 8192 or 32768
+elements (tile_budget; the default is kernel.TILE_BUDGET = 16384, two tiles in flight); 4 warps (8192-element tiles:
+the same registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits; 4x O-projection rows; the queues
+balanced by each task's traced run time (trace.py) instead of its estimated bytes.
+Every megakernel's first launch runs under the watchdog and is compared with the eager step (max |error| recorded).
 
 The floor is (every layer's weights + the KV cache rows read at the context) / the measured copy bandwidth. The
 megakernel is timed over back-to-back launches (CUDA events around 20 steps, median of 5): it cannot be replayed from
@@ -134,12 +134,14 @@ def bench_shape(
     def variant(**options):
         """The megakernel with other launch options or tiling, timed over back-to-back launches."""
         tiling, costs = options.pop("tiling", None), options.pop("costs_ns", None)
+        fuse = options.pop("fuse_combine", False)
         graph, sched = step.graph, step.schedule
-        if tiling is not None or costs is not None:
+        if tiling is not None or costs is not None or fuse:
             graph = graph if tiling is None else build_graph(config, tiling, context)
-            sched = schedule(graph, kernel.grid[0], costs_ns=costs)
+            sched = schedule(graph, kernel.grid[0], costs_ns=costs, fuse_combine=fuse)
             check_schedule(graph, sched)
-        k = checked(str(options or tiling), Megakernel(graph, sched, packed, device, **options))
+        label = str(options or tiling or ("fused COMBINE" if fuse else "queues by traced cost"))
+        k = checked(label, Megakernel(graph, sched, packed, device, **options))
         return _events_us(lambda: k(x, cache, position))
 
     checked("megakernel", kernel)
@@ -180,9 +182,8 @@ def bench_shape(
         "megakernel, 8 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=8)),
         # QKV tiles of 24 rows (Tiling.auto rounds to 16: 32 rows, 96 tasks on 1B's 132 SMs): 128 shorter tasks
         "megakernel, 24-row QKV tiles": lambda: variant(tiling=replace(step.graph.tiling, qkv=24)),
-        # PREFETCH tasks: the first 16 / 32 rows of every gate / up tile streamed to L2 during the attention block
-        "megakernel, MLP prefetch of 16 rows": lambda: variant(tiling=replace(step.graph.tiling, mlp_prefetch_rows=16)),
-        "megakernel, MLP prefetch of 32 rows": lambda: variant(tiling=replace(step.graph.tiling, mlp_prefetch_rows=32)),
+        # each group's COMBINE run by its last ATTN split to finish (no hop, no queue slot)
+        "megakernel, COMBINE fused into ATTN": lambda: variant(fuse_combine=True),
         # O-projection tiles of 4x the rows: fewer, longer GEMV tasks
         "megakernel, 4x O rows": lambda: variant(tiling=replace(step.graph.tiling, o=4 * step.graph.tiling.o)),
         # the queues balanced by the traced run time of each task instead of its estimated bytes

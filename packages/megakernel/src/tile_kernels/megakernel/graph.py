@@ -18,10 +18,6 @@ compares with epoch x producers). Per layer l, with x[0] the input hidden and x[
     GATEUP   rows [lo, hi): silu(Wg m) * (Wu m), m = rms(h[l]) w_mlp waits oproj[l]
              -> act[l]
     DOWN     rows [lo, hi): h[l] + Wd act -> x[l + 1]               waits gateup[l]
-    PREFETCH (Tiling.mlp_prefetch_rows > 0) gate / up rows [lo, hi),  waits qkv[l] of the last group
-             PREFETCH_TILES tiles: the first mlp_prefetch_rows of
-             each streamed to L2 (no data written; the scheduler
-             puts them on SMs the attention block leaves idle)
 
 rms(v) = v / sqrt(mean(v^2) + eps). The norms and the rotary embedding are recomputed by each consumer tile (hidden
 and (G + 2) x head_dim elements, read from L2) instead of being tasks of their own: every task boundary is a
@@ -51,10 +47,6 @@ class Kind(IntEnum):
     GATEUP = 3
     DOWN = 4
     COMBINE = 5  # tile (g, g + 1)
-    PREFETCH = 6  # gate / up rows [lo, hi): the first rows of each of their tiles streamed to L2, no data written
-
-
-PREFETCH_TILES = 4  # gate / up tiles a PREFETCH task covers
 
 
 class Region(NamedTuple):
@@ -92,16 +84,12 @@ class Tiling:
     gateup: int = 64
     down: int = 64
     kv_splits: int = 4
-    mlp_prefetch_rows: int = 0  # PREFETCH tasks: rows of each gate / up tile streamed to L2 in the attention block
 
     def __post_init__(self):
         for name in ("qkv", "o", "gateup", "down", "kv_splits"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Tiling: {name} must be an int >= 1, got {v!r}")
-        v = self.mlp_prefetch_rows
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"Tiling: mlp_prefetch_rows must be an int >= 0, got {v!r}")
 
     @classmethod
     def auto(cls, config: DecoderConfig, num_sms: int, align: int = 16) -> Tiling:
@@ -245,11 +233,6 @@ def build_graph(
                     split=s,
                     extra_bytes=2 * chunk * D * weight_bytes,
                 )
-        if t.mlp_prefetch_rows:  # while the attention block leaves HBM idle, on the SMs it leaves idle
-            gu = tiles(c.intermediate, t.gateup)
-            for i in range(0, len(gu), PREFETCH_TILES):
-                lo, hi = gu[i][0], gu[min(i + PREFETCH_TILES, len(gu)) - 1][1]
-                add(Kind.PREFETCH, layer, lo, hi, [], [], [qkv_counter[Hk - 1]], f"prefetch{L}")
         for g in range(Hk):
             parts = [Region(att, (s * Hq + g * G) * (D + 2), (s * Hq + g * G + G) * (D + 2)) for s in range(S)]
             add(Kind.COMBINE, layer, g, g + 1, parts, [Region(ao, g * G * D, (g + 1) * G * D)], [f"attn{L}.{g}"],

@@ -70,7 +70,7 @@ def _run_task(c: DecoderConfig, S: int, t: Task, b: dict, kv: torch.Tensor, pos:
     elif t.kind == Kind.DOWN:
         w = b[f"wdown{L}"].view(H, -1)[t.lo : t.hi]
         b[f"x[{t.layer + 1}]"][t.lo : t.hi] = b[f"h{L}"][t.lo : t.hi] + w @ b[f"act{L}"]
-    elif t.kind != Kind.PREFETCH:  # (an L2 prefetch: no data)
+    else:
         raise ValueError(f"interpret: unknown task kind {t.kind!r}")
 
 
@@ -94,7 +94,7 @@ def interpret(
         raise ValueError(f"interpret: needs CPU tensors, got hidden on {hidden.device}, kv_cache on {kv_cache.device}")
     if isinstance(rng, int):
         rng = random.Random(rng)
-    order, stuck = run_queues(graph, sched.queues, pick=rng.choice if rng is not None else None)
+    order, stuck = run_queues(graph, sched.queues, pick=rng.choice if rng is not None else None, fused=sched.fused)
     if stuck:
         raise DeadlockError(describe_stuck(graph, order, stuck))
     bufs = {name: torch.full((size,), torch.nan, dtype=dtype) for name, size in graph.buffers.items()}

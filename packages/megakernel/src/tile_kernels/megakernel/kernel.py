@@ -10,8 +10,8 @@ Launch. grid = (num_sms,), one CTA per SM, launched with Triton's `launch_cooper
 than what can be co-resident fails at launch instead of spinning forever on a CTA that never starts. The schedule's
 deadlock-freedom (check.py, rule 5) assumes every queue runs concurrently; the cooperative launch guarantees that.
 
-Task encoding. schedule.encode gives int32 tables, copied to the device once per build: `tasks` (num_tasks, 8) =
-(kind, layer, lo, hi, split, wait_begin, wait_end, signal), `waits` (num_waits, 2) = (counter, threshold), and the
+Task encoding. schedule.encode gives int32 tables, copied to the device once per build: `tasks` (num_tasks, 9) =
+(kind, layer, lo, hi, split, wait_begin, wait_end, signal, then), `waits` (num_waits, 2) = (counter, threshold), and the
 queues in CSR form (`queue_ptr`, `queue_tasks`). Buffer addresses are not in the table: each kind derives them from
 (layer, lo, hi, split) and the constexpr layout OFFS ((base, stride) of each buffer kind: layer l at base + l stride)
 of two arenas, W (weights, model dtype) and A (activations, float32), plus the KV cache tensor itself, as
@@ -24,6 +24,10 @@ Counter protocol. `counters` is an int32 array, zeroed once at allocation and ne
 waits for `epoch * threshold`, so no memset sits between steps (the host zeroes it again before int32 would wrap).
   producer: the tile's global stores -> CTA barrier (tl.debug_barrier: every warp's stores issued) -> one thread does
     `red.release.gpu.add` (tl.atomic_add(counter, 1, sem="release", scope="gpu") on a scalar) -> next task.
+  fused (Schedule.fused, `then` >= 0: the COMBINE of an ATTN task's group): the producer's add is
+    `atom.acq_rel.gpu.add` (one thread's, its old value broadcast to the CTA); the producer that brings the counter to
+    the fused task's target has acquired every other producer's release, runs the fused body after a CTA barrier,
+    then signals the fused task's counter as a producer does.
   consumer: for each wait, thread 0 spins on an acquire load, `ld.acquire.gpu.global.b32`, with `nanosleep.u32
     32..256` backoff between polls, a loop inside one tl.inline_asm_elementwise (Triton's own loops are CTA-uniform;
     a scalar tl.atomic_add(..., sem="acquire") in a loop emits a bar.sync per iteration, triton#7125), or
@@ -42,9 +46,8 @@ loads are marked L2 evict_first (Megakernel's weights_evict_first; read once a s
 prefetched lines, activations and KV rows). The persistent
 kernel's default (Megakernel's prefetch / prefetch_bytes) is 1 with the first PREFETCH_BYTES of each matrix: all of a
 task's rows measured slower (132 CTAs' prefetches overrun the 50 MB L2), and so did 2 (benchmarks/results/h200/
-notes.md); the per-op launches prefetch whole tasks (1). PREFETCH tasks (graph.py, Tiling.mlp_prefetch_rows) stream
-the first rows of every gate / up tile to L2 from the SMs the attention block leaves idle (_prefetch_mlp). Never in
-the interpreter, before sm_90, or where a row is not a multiple of 16 bytes.
+notes.md); the per-op launches prefetch whole tasks (1). Never in the interpreter, before sm_90, or where a row is not
+a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in (BN, BK) weight tiles of
@@ -92,7 +95,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .graph import Kind, TaskGraph
+from .graph import TaskGraph
 from .schedule import TASK_FIELDS, Schedule, encode
 
 # the buffer kinds of the layout OFFS: scratch buffers in the float32 arena A, weights in the arena W
@@ -490,23 +493,30 @@ def _task(
             tl.store(OUT + rows, y.to(OUT.dtype.element_ty), mask=rows < hi)
         else:
             tl.store(_ptr(A, OFFS, B_X, layer + 1) + rows, y, mask=rows < hi)
-    elif kind == 5:  # COMBINE of group g = lo: ao[heads of g] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
-        sp = tl.arange(0, BLOCK_S)[:, None, None]
-        jg = tl.arange(0, BLOCK_GC)[None, :, None]
-        d = tl.arange(0, 2 * BLOCK_DH)[None, None, :]
-        head = lo * G + jg
-        ao = _ptr(A, OFFS, B_AO, layer)
-        rec = _ptr(A, OFFS, B_ATT, layer) + (sp * HQ + head) * (D + 2)  # (S, G, 1): (split, head, [o, m, l])
-        sm = (sp < S) & (jg < G)
-        # padded splits: m = -inf (weight 0); padded heads: m = 0, l = 1, o = 0 (no NaN); split 0 is never empty
-        m = tl.where(jg < G, tl.load(rec + D, mask=sm, other=float("-inf"), cache_modifier=".cg"), 0.0)
-        ell = tl.where(jg < G, tl.load(rec + D + 1, mask=sm, other=0.0, cache_modifier=".cg"), 1.0)
-        o = tl.load(rec + d, mask=sm & (d < D), other=0.0, cache_modifier=".cg")
-        scale = tl.exp(m - tl.max(m, axis=0)[None, :, :])
-        a = tl.sum(scale * o, axis=0) / tl.sum(scale * ell, axis=0)  # (G, 2 BLOCK_DH)
-        dd = tl.arange(0, 2 * BLOCK_DH)[None, :]
-        jj = tl.arange(0, BLOCK_GC)[:, None]
-        tl.store(ao + (lo * G + jj) * D + dd, a, mask=(jj < G) & (dd < D))
+    elif kind == 5:  # COMBINE of group g = lo
+        _combine(A, OFFS, layer, lo, S, HQ, G, D, BLOCK_S, BLOCK_GC, BLOCK_DH)
+
+
+@triton.jit
+def _combine(A, OFFS: tl.constexpr, layer, lo, S, HQ, G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
+             BLOCK_GC: tl.constexpr, BLOCK_DH: tl.constexpr):  # fmt: skip
+    """COMBINE of group g = lo: ao[heads of g] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s."""
+    sp = tl.arange(0, BLOCK_S)[:, None, None]
+    jg = tl.arange(0, BLOCK_GC)[None, :, None]
+    d = tl.arange(0, 2 * BLOCK_DH)[None, None, :]
+    head = lo * G + jg
+    ao = _ptr(A, OFFS, B_AO, layer)
+    rec = _ptr(A, OFFS, B_ATT, layer) + (sp * HQ + head) * (D + 2)  # (S, G, 1): (split, head, [o, m, l])
+    sm = (sp < S) & (jg < G)
+    # padded splits: m = -inf (weight 0); padded heads: m = 0, l = 1, o = 0 (no NaN); split 0 is never empty
+    m = tl.where(jg < G, tl.load(rec + D, mask=sm, other=float("-inf"), cache_modifier=".cg"), 0.0)
+    ell = tl.where(jg < G, tl.load(rec + D + 1, mask=sm, other=0.0, cache_modifier=".cg"), 1.0)
+    o = tl.load(rec + d, mask=sm & (d < D), other=0.0, cache_modifier=".cg")
+    scale = tl.exp(m - tl.max(m, axis=0)[None, :, :])
+    a = tl.sum(scale * o, axis=0) / tl.sum(scale * ell, axis=0)  # (G, 2 BLOCK_DH)
+    dd = tl.arange(0, 2 * BLOCK_DH)[None, :]
+    jj = tl.arange(0, BLOCK_GC)[:, None]
+    tl.store(ao + (lo * G + jj) * D + dd, a, mask=(jj < G) & (dd < D))
 
 
 @triton.jit
@@ -535,24 +545,11 @@ def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS: tl.constexpr, positi
 
 
 @triton.jit
-def _prefetch_mlp(W, OFFS: tl.constexpr, layer, lo, hi, H, GU_ROWS: tl.constexpr, MLP_PF_ROWS: tl.constexpr,
-                  PF_CHUNKS: tl.constexpr, MLP_PF_BYTES: tl.constexpr):  # fmt: skip
-    """A PREFETCH task: the first MLP_PF_ROWS rows of each gate and up tile (GU_ROWS rows) within rows [lo, hi) to
-    L2 (bulk prefetches, contiguous rows)."""
-    es = W.dtype.element_ty.primitive_bitwidth // 8
-    wg, wu = _ptr(W, OFFS, B_WG, layer), _ptr(W, OFFS, B_WU, layer)
-    for r0 in range(lo, hi, GU_ROWS):
-        nbytes = tl.minimum(hi - r0, MLP_PF_ROWS) * H * es
-        _prefetch_l2(wg + r0 * H, nbytes, PF_CHUNKS, MLP_PF_BYTES)
-        _prefetch_l2(wu + r0 * H, nbytes, PF_CHUNKS, MLP_PF_BYTES)
-
-
-@triton.jit
 def _now(i, phase: tl.constexpr, INTERPRET: tl.constexpr):
-    """A trace timestamp: %globaltimer (ns) on the GPU; in the interpreter a logical clock, 3 ticks a task in queue
-    order (wait, run, end), which checks the trace's bookkeeping and format, not time."""
+    """A trace timestamp: %globaltimer (ns) on the GPU; in the interpreter a logical clock, 6 ticks a queue entry in
+    order (wait, run, end; then a fused task's 3), which checks the trace's bookkeeping and format, not time."""
     if INTERPRET:
-        return tl.full([], 3 * i + phase, tl.int64)
+        return tl.full([], 6 * i + phase, tl.int64)
     else:
         return _globaltimer()
 
@@ -654,9 +651,6 @@ def decode_kernel(
     BLOCK_DH: tl.constexpr,
     PF_CHUNKS: tl.constexpr,
     PF_BYTES: tl.constexpr,
-    GU_ROWS: tl.constexpr,
-    MLP_PF_ROWS: tl.constexpr,
-    MLP_PF_BYTES: tl.constexpr,
     GEMV_STAGES: tl.constexpr,
     EVICT: tl.constexpr,
     ONE_POLLER: tl.constexpr,
@@ -726,19 +720,31 @@ def decode_kernel(
                         if i + 1 < q1:
                             _prefetch_task(n_kind, n_layer, n_lo, n_hi, n_split, W, KV, OFFS, position, H, INTER,
                                            QD, HK, MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
-                    if kind == 6:  # PREFETCH (sm_90+ only; elsewhere, and in the interpreter, a no-op)
-                        if MLP_PF_ROWS > 0:
-                            _prefetch_mlp(W, OFFS, layer, lo, hi, H, GU_ROWS, MLP_PF_ROWS, PF_CHUNKS,
-                                          MLP_PF_BYTES)  # fmt: skip
-                    else:
-                        _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER,
-                              HK, MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU,
-                              BN_D, BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, EVICT,
-                              INTERPRET)  # fmt: skip
+                    _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
+                          MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
+                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, EVICT,
+                          INTERPRET)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
                         tl.store(TRACE + 4 * t + 2, _now(i, 2, INTERPRET))
-                    tl.atomic_add(COUNTERS + tl.load(TASKS + t * NF + 7), 1, sem="release", scope="gpu")
+                    sig = tl.load(TASKS + t * NF + 7)
+                    f = tl.load(TASKS + t * NF + 8)  # the fused task this one may complete (a COMBINE), or -1
+                    if f < 0:
+                        tl.atomic_add(COUNTERS + sig, 1, sem="release", scope="gpu")
+                    else:  # the last producer to arrive runs it: its acquire sees every other producer's stores
+                        old = tl.atomic_add(COUNTERS + sig, 1, sem="acq_rel", scope="gpu")
+                        if old + 1 == tl.load(WAITS + 2 * tl.load(TASKS + f * NF + 5) + 1) * epoch:
+                            tl.debug_barrier()  # no warp reads before the acquire
+                            if TRACING:
+                                tl.store(TRACE + 4 * f, _now(i, 3, INTERPRET))
+                                tl.store(TRACE + 4 * f + 1, _now(i, 4, INTERPRET))
+                                tl.store(TRACE + 4 * f + 3, pid.to(tl.int64))
+                            _combine(A, OFFS, tl.load(TASKS + f * NF + 1), tl.load(TASKS + f * NF + 2), S, HK * G, G,
+                                     D, BLOCK_S, BLOCK_GC, BLOCK_DH)  # fmt: skip
+                            tl.debug_barrier()
+                            if TRACING:
+                                tl.store(TRACE + 4 * f + 2, _now(i, 5, INTERPRET))
+                            tl.atomic_add(COUNTERS + tl.load(TASKS + f * NF + 7), 1, sem="release", scope="gpu")
 
 
 # ------------------------------------------------------------------------------------------------------------- host
@@ -854,10 +860,10 @@ class Megakernel:
         self.rope = torch.stack([angle.cos(), angle.sin()]).to(torch.float32).reshape(-1).to(self.device)
         if self.interpret:  # one queue: a legal interleaving, then whatever could not run (the kernel reports it)
             pick = random.Random(seed).choice if seed is not None else None
-            order, stuck = run_queues(graph, sched.queues, pick=pick)
+            order, stuck = run_queues(graph, sched.queues, pick=pick, fused=sched.fused)
             done = set(order)
             rest = [tid for q, _ in stuck for tid in sched.queues[q] if tid not in done]
-            queues = Schedule((tuple(order + rest),))
+            queues = Schedule((tuple(tid for tid in order + rest if tid not in sched.fused),), sched.fused)
         else:
             queues = sched
         enc = encode(graph, queues)
@@ -873,8 +879,6 @@ class Megakernel:
         # stages for the staged (per-op launch) baseline: runs of consecutive tasks of one kind and layer
         self.stages: list[tuple[int, int, int]] = []
         for task in graph.tasks:
-            if task.kind == Kind.PREFETCH:  # (the per-op launches prefetch each launch's own weights instead)
-                continue
             last = self.stages[-1] if self.stages else None
             if last and last[0] == task.kind and graph.tasks[last[1]].layer == task.layer:
                 self.stages[-1] = (last[0], last[1], last[2] + 1)
@@ -905,7 +909,6 @@ class Megakernel:
             return max(16, -(-nbytes // (pf_chunks * 16)) * 16)
 
         self.staged_prefetch, self.staged_pf_bytes = capable, pf_bytes(max_bytes)
-        mlp_pf_rows = min(t.mlp_prefetch_rows, t.gateup)  # a PREFETCH task's rows of each gate / up tile
         self.meta = dict(
             OFFS=self.layout,
             G=c.group,
@@ -926,9 +929,6 @@ class Megakernel:
             BLOCK_DH=max(16, _pow2(c.head_dim // 2)),
             PF_CHUNKS=pf_chunks,
             PF_BYTES=pf_bytes(max_bytes if prefetch_bytes is None else min(max_bytes, prefetch_bytes)),
-            GU_ROWS=t.gateup,
-            MLP_PF_ROWS=mlp_pf_rows if capable else 0,
-            MLP_PF_BYTES=pf_bytes(mlp_pf_rows * c.hidden * es),
             GEMV_STAGES=gemv_stages,
             EVICT="evict_first" if weights_evict_first else "",
             ONE_POLLER=one_poller,
