@@ -658,10 +658,12 @@ def test_triton_step_bad_inputs():
         build_decode_step(config, random_weights(config, 0, torch.float32), tile_budget=3000)
     with pytest.raises(ValueError, match="gemv_stages must be 0, 2, 3 or 4, got 1"):
         build_decode_step(config, random_weights(config, 0, torch.float32), gemv_stages=1)
+    with pytest.raises(TypeError, match="fuse_combine must be a bool, got 1"):
+        build_decode_step(config, random_weights(config, 0, torch.float32), fuse_combine=1)
     weights, tiling = random_weights(config, 0, torch.float32), step.graph.tiling
-    with pytest.raises(ValueError, match="prefetch must be None, True, 'wait' or 'ahead', got 'later'"):
+    with pytest.raises(ValueError, match="prefetch must be None, True, 'wait', 'ahead' or 'tiles', got 'later'"):
         kernel_for(config, tiling, 2, weights, prefetch="later")
-    with pytest.raises(ValueError, match="prefetch must be None, True, 'wait' or 'ahead', got 1"):
+    with pytest.raises(ValueError, match="prefetch must be None, True, 'wait', 'ahead' or 'tiles', got 1"):
         kernel_for(config, tiling, 2, weights, prefetch=1)
     with pytest.raises(TypeError, match="weights_evict_first must be a bool, got 'yes'"):
         kernel_for(config, tiling, 2, weights, weights_evict_first="yes")
@@ -677,8 +679,8 @@ def test_the_gpu_path_compiles_for_sm90():
     """Without a GPU: the persistent kernel (debug watchdog, L2 prefetch before the queue's first wait and ahead; with
     evict_first weight loads and one poller a CTA), a staged PDL launch, a traced launch, the GEMV loops
     pipelined through cp.async (gemv_stages=3), and every body with its int arguments specialized to 1 compile for
-    sm_90 through ptxas, with the acquire loads, nanosleep backoff, globaltimer, release signal, bulk L2 prefetch and
-    griddepcontrol in the PTX (a subprocess: the suite's process interprets)."""
+    sm_90 through ptxas, with the acquire loads, nanosleep backoff, globaltimer, release signal, bulk L2 and L1 line
+    prefetches and griddepcontrol in the PTX (a subprocess: the suite's process interprets)."""
     import json
     import subprocess
     import sys
@@ -691,7 +693,8 @@ persistent = compile_ahead(meta, DEBUG=True, PREFETCH=2).asm["ptx"]
 staged = compile_ahead(meta, MODE=1, KIND=3, PDL=True, PREFETCH=True).asm["ptx"]
 pipelined = compile_ahead(meta, GEMV_STAGES=3).asm["ptx"]
 traced = compile_ahead(meta, TRACING=True).asm["ptx"]
-evicting = compile_ahead(meta, EVICT="evict_first", ONE_POLLER=True, SLEEP_NS=0).asm["ptx"]
+evicting = compile_ahead(meta, EVICT="evict_first", ONE_POLLER=True, SLEEP_NS=0, PREFETCH=3).asm["ptx"]
+assert "prefetch.global.L1 " in evicting and "prefetch.global.L1 " not in persistent, "the first tiles' lines"
 assert "L2::evict_first" in evicting and "L2::evict_first" not in persistent, "the weight loads' eviction policy"
 assert "%tid.x" in evicting and "ld.acquire.gpu.global.b32" in evicting, "thread 0's poll loop"
 assert pipelined.count("cp.async.cg") > persistent.count("cp.async.cg"), "the GEMV loops are not pipelined"
@@ -704,8 +707,8 @@ print(json.dumps([persistent, staged, traced]))
     # Llama-3.2-1B's meta at 132 SMs and the default tile budget (16384 elements)
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, BK_O=1024, BN_GU=64, BK_GU=128, BN_D=16,
                 BK_D=1024, BLOCK_S=16, BLOCK_T=64, BLOCK_G=16, BLOCK_GC=4, BLOCK_DH=32, PF_CHUNKS=256,
-                PF_BYTES=1024, GEMV_STAGES=0, EVICT="", ONE_POLLER=True, SLEEP_NS=256, INTERPRET=False, DEBUG=False,
-                PREFETCH=True)  # fmt: skip
+                PF_BYTES=1024, PF_TILES=2, GEMV_STAGES=0, EVICT="", ONE_POLLER=True, SLEEP_NS=256, INTERPRET=False,
+                DEBUG=False, PREFETCH=True)  # fmt: skip
     # its arenas' layout: (base, stride) of x, h, qkv, att, act, ao in A, then of the 8 weight buffers in W, 16 layers
     strides = ([2048, 2048, 3072, 16 * 32 * 66, 8192, 2048],
                [2048, 2048, 3072 * 2048, 2048 * 2048, 8192 * 2048, 8192 * 2048, 2048 * 8192, 3072])  # fmt: skip
@@ -882,7 +885,7 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 32, 4, 2, 8, 48))
     monkeypatch.setattr(bench, "CONTEXT", 9)
     result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path))
-    assert result["notes"] == {} and len(calls) == len(result["us"]) == 26
+    assert result["notes"] == {} and len(calls) == len(result["us"]) == 27
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})

@@ -41,7 +41,10 @@ PF_CHUNKS chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous 
 PF_CHUNKS x PF_BYTES bytes of them) lets HBM stream them while the CTA waits, and the GEMV's first loads then hit L2:
 the step is bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor 475 us at the H200's measured copy speed).
 PREFETCH 1: task i's own weights before spinning on its waits; 2: the queue's first task's before its waits, then,
-once task i's waits are met, task i + 1's while task i runs (the stream crosses the task boundary). The GEMV's weight
+once task i's waits are met, task i + 1's while task i runs (the stream crosses the task boundary); 3: the lines of
+the first PF_TILES weight tiles of each matrix of task i, in the order the GEMV loads them (a tile is BN rows x BK
+columns, so the first bytes of a task's rows, not its first rows), into L1 (`prefetch.global.L1`) before its waits,
+so that the loads after them hit in the SM (_prefetch_tiles). The GEMV's weight
 loads are marked L2 evict_first (Megakernel's weights_evict_first; read once a step, they leave L2 before the
 prefetched lines, activations and KV rows). The persistent
 kernel's default (Megakernel's prefetch / prefetch_bytes) is 1 with the first PREFETCH_BYTES of each matrix: all of a
@@ -520,6 +523,45 @@ def _combine(A, OFFS: tl.constexpr, layer, lo, S, HQ, G: tl.constexpr, D: tl.con
 
 
 @triton.jit
+def _prefetch_l1(ptrs, mask):
+    """prefetch.global.L1 of the lines holding ptrs where mask (through L2)."""
+    tl.inline_asm_elementwise(
+        "{\n.reg .pred p;\nsetp.ne.s32 p, $2, 0;\n@p prefetch.global.L1 [$1];\nmov.u32 $0, 0;\n}",
+        "=r,l,r",
+        [ptrs, mask.to(tl.int32)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _prefetch_tile_lines(Wm, lo, hi, K, BN: tl.constexpr, BK: tl.constexpr, PF_TILES: tl.constexpr):
+    """L1 prefetch of the lines of the first PF_TILES (BN, BK) tiles of rows [lo, hi) of the row-major (., K) matrix
+    Wm: columns [0, PF_TILES x BK) of each row, one prefetch a 128-byte line (_wtile's tiles, as _gemv loads them)."""
+    EPL: tl.constexpr = 1024 // Wm.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
+    rows = lo + tl.arange(0, BN)
+    cols = tl.arange(0, max(1, PF_TILES * BK // EPL)) * EPL
+    _prefetch_l1(Wm + rows[:, None] * K + cols[None, :], (rows < hi)[:, None] & (cols < K)[None, :])
+
+
+@triton.jit
+def _prefetch_tiles(kind, layer, lo, hi, W, OFFS: tl.constexpr, H, INTER, QD, BN_QKV: tl.constexpr,
+                    BK_QKV: tl.constexpr, BN_O: tl.constexpr, BK_O: tl.constexpr, BN_GU: tl.constexpr,
+                    BK_GU: tl.constexpr, BN_D: tl.constexpr, BK_D: tl.constexpr, PF_TILES: tl.constexpr):  # fmt: skip
+    """PREFETCH 3: a GEMV task's first PF_TILES weight tiles of each matrix into L1, in load order."""
+    if kind == 0:
+        _prefetch_tile_lines(_ptr(W, OFFS, B_WQKV, layer), lo, hi, H, BN_QKV, BK_QKV, PF_TILES)
+    elif kind == 2:
+        _prefetch_tile_lines(_ptr(W, OFFS, B_WO, layer), lo, hi, QD, BN_O, BK_O, PF_TILES)
+    elif kind == 3:
+        _prefetch_tile_lines(_ptr(W, OFFS, B_WG, layer), lo, hi, H, BN_GU, BK_GU, PF_TILES)
+        _prefetch_tile_lines(_ptr(W, OFFS, B_WU, layer), lo, hi, H, BN_GU, BK_GU, PF_TILES)
+    elif kind == 4:
+        _prefetch_tile_lines(_ptr(W, OFFS, B_WD, layer), lo, hi, INTER, BN_D, BK_D, PF_TILES)
+
+
+@triton.jit
 def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS: tl.constexpr, position, H, INTER, QD, HK, MAXSEQ, S,
                    D: tl.constexpr, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr):  # fmt: skip
     """L2 prefetch of what the task reads from HBM and no task writes: its weight rows [lo, hi) (contiguous in the
@@ -651,6 +693,7 @@ def decode_kernel(
     BLOCK_DH: tl.constexpr,
     PF_CHUNKS: tl.constexpr,
     PF_BYTES: tl.constexpr,
+    PF_TILES: tl.constexpr,
     GEMV_STAGES: tl.constexpr,
     EVICT: tl.constexpr,
     ONE_POLLER: tl.constexpr,
@@ -698,7 +741,13 @@ def decode_kernel(
                 if TRACING:
                     tl.store(TRACE + 4 * t, _now(i, 0, INTERPRET))
                     tl.store(TRACE + 4 * t + 3, pid.to(tl.int64))
-                if PREFETCH != 0:  # weights never wait: streamed to L2 before spinning (2: the queue's first task)
+                if PREFETCH == 3:  # the first tiles into L1 (an ATTN task's K / V rows into L2, as PREFETCH 1)
+                    _prefetch_tiles(kind, layer, lo, hi, W, OFFS, H, INTER, QD, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU,
+                                    BK_GU, BN_D, BK_D, PF_TILES)  # fmt: skip
+                    if kind == 1:
+                        _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK, MAXSEQ,
+                                       S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
+                elif PREFETCH != 0:  # weights never wait: streamed to L2 before spinning (2: the queue's first task)
                     if (i == q0) | (PREFETCH == 1):
                         _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK,
                                        MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
@@ -766,7 +815,8 @@ class Megakernel:
     counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs.
 
     Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of task weights (sm_90+):
-    "wait" (the default; or True) a task's own before its waits, "ahead" the next task's while one runs, None off;
+    "wait" (the default; or True) a task's own before its waits, "ahead" the next task's while one runs, "tiles" the
+    lines of a task's first two weight tiles into L1 before its waits (in the GEMV's load order), None off;
     `weights_evict_first` (default True) marks the GEMV weight loads L2 evict_first; `one_poller` (default True) has
     thread 0 of a CTA alone poll a counter (the others wait at a barrier; False: every thread polls); `poll_sleep_ns`
     the ceiling of the polls' nanosleep backoff (32 ns doubling; 0: none, sensible with one_poller only);
@@ -824,9 +874,9 @@ class Megakernel:
         if type(tile_budget) is not int or tile_budget < 1 or tile_budget & (tile_budget - 1):
             raise ValueError(f"megakernel: tile_budget must be a power of two (elements), got {tile_budget!r}")
         self.tile_budget = tile_budget
-        modes = {None: 0, False: 0, True: 1, "wait": 1, "ahead": 2}
+        modes = {None: 0, False: 0, True: 1, "wait": 1, "ahead": 2, "tiles": 3}
         if not isinstance(prefetch, (str, bool, type(None))) or prefetch not in modes:
-            raise ValueError(f"megakernel: prefetch must be None, True, 'wait' or 'ahead', got {prefetch!r}")
+            raise ValueError(f"megakernel: prefetch must be None, True, 'wait', 'ahead' or 'tiles', got {prefetch!r}")
         if type(poll_sleep_ns) is not int or not 0 <= poll_sleep_ns <= 1_000_000:
             raise ValueError(f"megakernel: poll_sleep_ns must be an int in [0, 1000000], got {poll_sleep_ns!r}")
         for name, flag in (("weights_evict_first", weights_evict_first), ("one_poller", one_poller)):
@@ -929,6 +979,7 @@ class Megakernel:
             BLOCK_DH=max(16, _pow2(c.head_dim // 2)),
             PF_CHUNKS=pf_chunks,
             PF_BYTES=pf_bytes(max_bytes if prefetch_bytes is None else min(max_bytes, prefetch_bytes)),
+            PF_TILES=2,  # prefetch="tiles": the two tiles _gemv keeps in flight
             GEMV_STAGES=gemv_stages,
             EVICT="evict_first" if weights_evict_first else "",
             ONE_POLLER=one_poller,
