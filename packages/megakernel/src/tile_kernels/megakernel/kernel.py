@@ -306,11 +306,17 @@ def _kv_bases(KV, layer, g, MAXSEQ, HK, D: tl.constexpr):
     return kbase, kbase + MAXSEQ * HK * D
 
 
+# a line prefetch where a predicate holds: into L2 (kept: evict_last), or into the SM's L1 (through L2)
+_PREDICATED = "{{\n.reg .pred p;\nsetp.ne.s32 p, $2, 0;\n@p {} [$1];\nmov.u32 $0, 0;\n}}"
+PREFETCH_L2 = tl.constexpr(_PREDICATED.format("prefetch.global.L2::evict_last"))
+PREFETCH_L1 = tl.constexpr(_PREDICATED.format("prefetch.global.L1"))
+
+
 @triton.jit
-def _prefetch_lines(ptrs, mask):
-    """prefetch.global.L2 of the lines holding ptrs where mask."""
+def _prefetch_lines(ptrs, mask, ASM: tl.constexpr = PREFETCH_L2):
+    """Prefetch of the lines holding ptrs where mask (ASM: PREFETCH_L2 or PREFETCH_L1)."""
     tl.inline_asm_elementwise(
-        "{\n.reg .pred p;\nsetp.ne.s32 p, $2, 0;\n@p prefetch.global.L2::evict_last [$1];\nmov.u32 $0, 0;\n}",
+        ASM,
         "=r,l,r",
         [ptrs, mask.to(tl.int32)],
         dtype=tl.int32,
@@ -523,26 +529,13 @@ def _combine(A, OFFS: tl.constexpr, layer, lo, S, HQ, G: tl.constexpr, D: tl.con
 
 
 @triton.jit
-def _prefetch_l1(ptrs, mask):
-    """prefetch.global.L1 of the lines holding ptrs where mask (through L2)."""
-    tl.inline_asm_elementwise(
-        "{\n.reg .pred p;\nsetp.ne.s32 p, $2, 0;\n@p prefetch.global.L1 [$1];\nmov.u32 $0, 0;\n}",
-        "=r,l,r",
-        [ptrs, mask.to(tl.int32)],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
 def _prefetch_tile_lines(Wm, lo, hi, K, BN: tl.constexpr, BK: tl.constexpr, PF_TILES: tl.constexpr):
     """L1 prefetch of the lines of the first PF_TILES (BN, BK) tiles of rows [lo, hi) of the row-major (., K) matrix
     Wm: columns [0, PF_TILES x BK) of each row, one prefetch a 128-byte line (_wtile's tiles, as _gemv loads them)."""
     EPL: tl.constexpr = 1024 // Wm.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
     rows = lo + tl.arange(0, BN)
     cols = tl.arange(0, max(1, PF_TILES * BK // EPL)) * EPL
-    _prefetch_l1(Wm + rows[:, None] * K + cols[None, :], (rows < hi)[:, None] & (cols < K)[None, :])
+    _prefetch_lines(Wm + rows[:, None] * K + cols[None, :], (rows < hi)[:, None] & (cols < K)[None, :], PREFETCH_L1)
 
 
 @triton.jit
