@@ -66,8 +66,13 @@ def _gpu_setup(session, vendor: str) -> dict:
 
 def _gpu_tests(session, vendor: str):
     env = _gpu_setup(session, vendor)
-    # one pytest-xdist worker per GPU (conftest pins them); loadgroup keeps multi-process tests on one worker
-    workers = ["-n", env["TILE_KERNELS_NUM_GPUS"], "--dist", "loadgroup"]
+    # TILE_KERNELS_WORKERS_PER_GPU pytest-xdist workers a GPU (default 8; conftest pins worker K to GPU K mod the
+    # count), at most one a CPU core: the tests spend most of their time compiling on the host (one H100: the suite's
+    # first 93% took 480 s on 8 workers; 14 workers shared its memory without a failure). loadgroup keeps
+    # multi-process tests on one worker
+    per_gpu = int(os.environ.get("TILE_KERNELS_WORKERS_PER_GPU", "8"))
+    count = max(1, min(int(env["TILE_KERNELS_NUM_GPUS"]) * per_gpu, os.cpu_count() or 1))
+    workers = ["-n", str(count), "--dist", "loadgroup"]
     profile = os.environ.get("HYPOTHESIS_PROFILE", "gpu")  # ci: fewer examples, for a time-boxed machine
     session.run("python3", "-m", "pytest", *workers, *session.posargs, env={**env, "HYPOTHESIS_PROFILE": profile})
 
