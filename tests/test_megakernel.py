@@ -693,7 +693,7 @@ persistent = compile_ahead(meta, DEBUG=True, PREFETCH=2).asm["ptx"]
 staged = compile_ahead(meta, MODE=1, KIND=3, PDL=True, PREFETCH=True).asm["ptx"]
 pipelined = compile_ahead(meta, GEMV_STAGES=3).asm["ptx"]
 traced = compile_ahead(meta, TRACING=True).asm["ptx"]
-evicting = compile_ahead(meta, EVICT="evict_first", ONE_POLLER=True, SLEEP_NS=0, PREFETCH=3).asm["ptx"]
+evicting = compile_ahead(meta, EVICT="evict_first", ONE_POLLER=True, SLEEP_NS=0, PF_TILES=2).asm["ptx"]
 assert "prefetch.global.L1 " in evicting and "prefetch.global.L1 " not in persistent, "the first tiles' lines"
 assert "L2::evict_first" in evicting and "L2::evict_first" not in persistent, "the weight loads' eviction policy"
 assert "%tid.x" in evicting and "ld.acquire.gpu.global.b32" in evicting, "thread 0's poll loop"
@@ -707,7 +707,7 @@ print(json.dumps([persistent, staged, traced]))
     # Llama-3.2-1B's meta at 132 SMs and the default tile budget (16384 elements)
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, BK_O=1024, BN_GU=64, BK_GU=128, BN_D=16,
                 BK_D=1024, BLOCK_S=16, BLOCK_T=64, BLOCK_G=16, BLOCK_GC=4, BLOCK_DH=32, PF_CHUNKS=256,
-                PF_BYTES=1024, PF_TILES=2, GEMV_STAGES=0, EVICT="", ONE_POLLER=True, SLEEP_NS=256, INTERPRET=False,
+                PF_BYTES=1024, PF_TILES=0, GEMV_STAGES=0, EVICT="", ONE_POLLER=True, SLEEP_NS=256, INTERPRET=False,
                 DEBUG=False, PREFETCH=True)  # fmt: skip
     # its arenas' layout: (base, stride) of x, h, qkv, att, act, ao in A, then of the 8 weight buffers in W, 16 layers
     strides = ([2048, 2048, 3072, 16 * 32 * 66, 8192, 2048],

@@ -10,15 +10,14 @@ Launch. grid = (num_sms,), one CTA per SM, launched with Triton's `launch_cooper
 than what can be co-resident fails at launch instead of spinning forever on a CTA that never starts. The schedule's
 deadlock-freedom (check.py, rule 5) assumes every queue runs concurrently; the cooperative launch guarantees that.
 
-Task encoding. schedule.encode gives int32 tables, copied to the device once per build: `tasks` (num_tasks, 9) =
-(kind, layer, lo, hi, split, wait_begin, wait_end, signal, then), `waits` (num_waits, 2) = (counter, threshold), and the
-queues in CSR form (`queue_ptr`, `queue_tasks`). Buffer addresses are not in the table: each kind derives them from
-(layer, lo, hi, split) and the constexpr layout OFFS ((base, stride) of each buffer kind: layer l at base + l stride)
-of two arenas, W (weights, model dtype) and A (activations, float32), plus the KV cache tensor itself, as
-interpret._run_task does with names. CTA `pid` loops over queue_tasks[queue_ptr[pid]:queue_ptr[pid + 1]] and
-dispatches on `kind` with an if-chain of task bodies whose tile shapes are constexpr (per projection BN >= the tile's
-rows, rows >= hi masked), so one compiled kernel
-serves every task. x[0] is read from the step's input and the last DOWN writes the step's output tensor directly.
+Task encoding. schedule.encode gives int32 tables, copied to the device once per build: `tasks` (num_tasks, 9) = (kind,
+layer, lo, hi, split, wait_begin, wait_end, signal, then), `waits` (num_waits, 2) = (counter, threshold), and the queues
+in CSR form (`queue_ptr`, `queue_tasks`). Buffer addresses are not in the table: each kind derives them from (layer, lo,
+hi, split) and the constexpr layout OFFS ((base, stride) of each buffer kind: layer l at base + l stride) of two arenas,
+W (weights, model dtype) and A (activations, float32), plus the KV cache tensor itself, as interpret._run_task does with
+names. CTA `pid` loops over queue_tasks[queue_ptr[pid]:queue_ptr[pid + 1]] and dispatches on `kind` with an if-chain of
+task bodies whose tile shapes are constexpr (per projection BN >= the tile's rows, rows >= hi masked), so one compiled
+kernel serves every task. x[0] is read from the step's input and the last DOWN writes the step's output tensor directly.
 
 Counter protocol. `counters` is an int32 array, zeroed once at allocation and never reset: launch e (e = 1, 2, ...)
 waits for `epoch * threshold`, so no memset sits between steps (the host zeroes it again before int32 would wrap).
@@ -36,21 +35,20 @@ waits for `epoch * threshold`, so no memset sits between steps (the host zeroes 
     and KV rows written in this launch are loaded with .cg (L2, never a stale L1 line).
   Every buffer is written once per launch (graph.py), so there are only read-after-write edges: no WAR counters.
 
-Prefetch. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.prefetch.L2.global`, sm_90+,
-PF_CHUNKS chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous in the row-major matrices; the first
-PF_CHUNKS x PF_BYTES bytes of them) lets HBM stream them while the CTA waits, and the GEMV's first loads then hit L2:
-the step is bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor 475 us at the H200's measured copy speed).
-PREFETCH 1: task i's own weights before spinning on its waits; 2: the queue's first task's before its waits, then,
-once task i's waits are met, task i + 1's while task i runs (the stream crosses the task boundary); 3: the lines of
-the first PF_TILES weight tiles of each matrix of task i, in the order the GEMV loads them (a tile is BN rows x BK
-columns, so the first bytes of a task's rows, not its first rows), into L1 (`prefetch.global.L1`) before its waits,
-so that the loads after them hit in the SM (_prefetch_tiles). The GEMV's weight
-loads are marked L2 evict_first (Megakernel's weights_evict_first; read once a step, they leave L2 before the
-prefetched lines, activations and KV rows). The persistent
-kernel's default (Megakernel's prefetch / prefetch_bytes) is 1 with the first PREFETCH_BYTES of each matrix: all of a
-task's rows measured slower (132 CTAs' prefetches overrun the 50 MB L2), and so did 2 (benchmarks/results/h200/
-notes.md); the per-op launches prefetch whole tasks (1). Never in the interpreter, before sm_90, or where a row is not
-a multiple of 16 bytes.
+Prefetch. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.prefetch.L2.global`, sm_90+, PF_CHUNKS
+chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous in the row-major matrices; the first PF_CHUNKS x
+PF_BYTES bytes of them) lets HBM stream them while the CTA waits, and the GEMV's first loads then hit L2: the step is
+bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor 475 us at the H200's measured copy speed). PREFETCH 1:
+task i's own weights before spinning on its waits; 2: the queue's first task's before its waits, then, once task i's
+waits are met, task i + 1's while task i runs (the stream crosses the task boundary). With PF_TILES > 0 (Megakernel's
+prefetch="tiles", PREFETCH 1) the weights prefetched are instead the lines of the first PF_TILES tiles of each matrix,
+in the order the GEMV loads them (a tile is BN rows x BK columns: the first bytes of every row, not the first rows),
+into L1 (`prefetch.global.L1`), so that the loads after the waits hit in the SM (_prefetch_weights). The GEMV's weight
+loads are marked L2 evict_first (Megakernel's weights_evict_first; read once a step, they leave L2 before the prefetched
+lines, activations and KV rows). The persistent kernel's default (Megakernel's prefetch / prefetch_bytes) is 1 with the
+first PREFETCH_BYTES of each matrix: all of a task's rows measured slower (132 CTAs' prefetches overrun the 50 MB L2),
+and so did 2 (benchmarks/results/h200/notes.md); the per-op launches prefetch whole tasks (1). Never in the interpreter,
+before sm_90, or where a row is not a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in (BN, BK) weight tiles of
@@ -529,37 +527,30 @@ def _combine(A, OFFS: tl.constexpr, layer, lo, S, HQ, G: tl.constexpr, D: tl.con
 
 
 @triton.jit
-def _prefetch_tile_lines(Wm, lo, hi, K, BN: tl.constexpr, BK: tl.constexpr, PF_TILES: tl.constexpr):
-    """L1 prefetch of the lines of the first PF_TILES (BN, BK) tiles of rows [lo, hi) of the row-major (., K) matrix
-    Wm: columns [0, PF_TILES x BK) of each row, one prefetch a 128-byte line (_wtile's tiles, as _gemv loads them)."""
-    EPL: tl.constexpr = 1024 // Wm.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
-    rows = lo + tl.arange(0, BN)
-    cols = tl.arange(0, max(1, PF_TILES * BK // EPL)) * EPL
-    _prefetch_lines(Wm + rows[:, None] * K + cols[None, :], (rows < hi)[:, None] & (cols < K)[None, :], PREFETCH_L1)
-
-
-@triton.jit
-def _prefetch_tiles(kind, layer, lo, hi, W, OFFS: tl.constexpr, H, INTER, QD, BN_QKV: tl.constexpr,
-                    BK_QKV: tl.constexpr, BN_O: tl.constexpr, BK_O: tl.constexpr, BN_GU: tl.constexpr,
-                    BK_GU: tl.constexpr, BN_D: tl.constexpr, BK_D: tl.constexpr, PF_TILES: tl.constexpr):  # fmt: skip
-    """PREFETCH 3: a GEMV task's first PF_TILES weight tiles of each matrix into L1, in load order."""
-    if kind == 0:
-        _prefetch_tile_lines(_ptr(W, OFFS, B_WQKV, layer), lo, hi, H, BN_QKV, BK_QKV, PF_TILES)
-    elif kind == 2:
-        _prefetch_tile_lines(_ptr(W, OFFS, B_WO, layer), lo, hi, QD, BN_O, BK_O, PF_TILES)
-    elif kind == 3:
-        _prefetch_tile_lines(_ptr(W, OFFS, B_WG, layer), lo, hi, H, BN_GU, BK_GU, PF_TILES)
-        _prefetch_tile_lines(_ptr(W, OFFS, B_WU, layer), lo, hi, H, BN_GU, BK_GU, PF_TILES)
-    elif kind == 4:
-        _prefetch_tile_lines(_ptr(W, OFFS, B_WD, layer), lo, hi, INTER, BN_D, BK_D, PF_TILES)
+def _prefetch_weights(Wm, lo, hi, K, BN: tl.constexpr, BK: tl.constexpr, PF_CHUNKS: tl.constexpr,
+                      PF_BYTES: tl.constexpr, PF_TILES: tl.constexpr):  # fmt: skip
+    """Prefetch of rows [lo, hi) of the row-major (., K) matrix Wm: their first PF_CHUNKS x PF_BYTES bytes into L2
+    (bulk prefetches: the first rows whole), or with PF_TILES > 0 the lines of the first PF_TILES (BN, BK) tiles
+    into L1 (columns [0, PF_TILES x BK) of every row, one prefetch a 128-byte line: _wtile's tiles, as _gemv loads
+    them)."""
+    if PF_TILES > 0:
+        EPL: tl.constexpr = 1024 // Wm.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
+        rows = lo + tl.arange(0, BN)
+        cols = tl.arange(0, max(1, PF_TILES * BK // EPL)) * EPL
+        _prefetch_lines(Wm + rows[:, None] * K + cols[None, :], (rows < hi)[:, None] & (cols < K)[None, :], PREFETCH_L1)
+    else:
+        es = Wm.dtype.element_ty.primitive_bitwidth // 8
+        _prefetch_l2(Wm + lo * K, (hi - lo) * K * es, PF_CHUNKS, PF_BYTES)
 
 
 @triton.jit
 def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS: tl.constexpr, position, H, INTER, QD, HK, MAXSEQ, S,
-                   D: tl.constexpr, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr):  # fmt: skip
-    """L2 prefetch of what the task reads from HBM and no task writes: its weight rows [lo, hi) (contiguous in the
-    row-major matrices, bulk prefetches), or for ATTN its split's cached K and V rows (a line prefetch each half)."""
-    es = W.dtype.element_ty.primitive_bitwidth // 8
+                   D: tl.constexpr, BN_QKV: tl.constexpr, BK_QKV: tl.constexpr, BN_O: tl.constexpr,
+                   BK_O: tl.constexpr, BN_GU: tl.constexpr, BK_GU: tl.constexpr, BN_D: tl.constexpr,
+                   BK_D: tl.constexpr, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr,
+                   PF_TILES: tl.constexpr):  # fmt: skip
+    """Prefetch of what the task reads from HBM and no task writes: its weight rows [lo, hi) (_prefetch_weights), or
+    for ATTN its split's cached K and V rows into L2 (a line prefetch each half)."""
     if kind == 1:
         a, e = _split_range(position, S, split)
         kbase, vbase = _kv_bases(KV, layer, lo, MAXSEQ, HK, D)
@@ -569,14 +560,14 @@ def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS: tl.constexpr, positi
                 _prefetch_lines(kbase + p * (HK * D) + half * (D // 2), p < e)
                 _prefetch_lines(vbase + p * (HK * D) + half * (D // 2), p < e)
     elif kind == 0:
-        _prefetch_l2(_ptr(W, OFFS, B_WQKV, layer) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
+        _prefetch_weights(_ptr(W, OFFS, B_WQKV, layer), lo, hi, H, BN_QKV, BK_QKV, PF_CHUNKS, PF_BYTES, PF_TILES)
     elif kind == 2:
-        _prefetch_l2(_ptr(W, OFFS, B_WO, layer) + lo * QD, (hi - lo) * QD * es, PF_CHUNKS, PF_BYTES)
+        _prefetch_weights(_ptr(W, OFFS, B_WO, layer), lo, hi, QD, BN_O, BK_O, PF_CHUNKS, PF_BYTES, PF_TILES)
     elif kind == 3:
-        _prefetch_l2(_ptr(W, OFFS, B_WG, layer) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
-        _prefetch_l2(_ptr(W, OFFS, B_WU, layer) + lo * H, (hi - lo) * H * es, PF_CHUNKS, PF_BYTES)
+        _prefetch_weights(_ptr(W, OFFS, B_WG, layer), lo, hi, H, BN_GU, BK_GU, PF_CHUNKS, PF_BYTES, PF_TILES)
+        _prefetch_weights(_ptr(W, OFFS, B_WU, layer), lo, hi, H, BN_GU, BK_GU, PF_CHUNKS, PF_BYTES, PF_TILES)
     elif kind == 4:
-        _prefetch_l2(_ptr(W, OFFS, B_WD, layer) + lo * INTER, (hi - lo) * INTER * es, PF_CHUNKS, PF_BYTES)
+        _prefetch_weights(_ptr(W, OFFS, B_WD, layer), lo, hi, INTER, BN_D, BK_D, PF_CHUNKS, PF_BYTES, PF_TILES)
 
 
 @triton.jit
@@ -712,8 +703,8 @@ def decode_kernel(
         hi = tl.load(TASKS + t * NF + 3)
         split = tl.load(TASKS + t * NF + 4)
         if PREFETCH:
-            _prefetch_task(KIND, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK, MAXSEQ, S, D,
-                           PF_CHUNKS, PF_BYTES)  # fmt: skip
+            _prefetch_task(KIND, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK, MAXSEQ, S, D, BN_QKV,
+                           BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, PF_CHUNKS, PF_BYTES, PF_TILES)  # fmt: skip
         if PDL and not INTERPRET:  # (the interpreter runs launches one after another anyway)
             tl.extra.cuda.gdc_wait()  # the previous launch has finished and its writes are visible
             tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
@@ -734,16 +725,11 @@ def decode_kernel(
                 if TRACING:
                     tl.store(TRACE + 4 * t, _now(i, 0, INTERPRET))
                     tl.store(TRACE + 4 * t + 3, pid.to(tl.int64))
-                if PREFETCH == 3:  # the first tiles into L1 (an ATTN task's K / V rows into L2, as PREFETCH 1)
-                    _prefetch_tiles(kind, layer, lo, hi, W, OFFS, H, INTER, QD, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU,
-                                    BK_GU, BN_D, BK_D, PF_TILES)  # fmt: skip
-                    if kind == 1:
-                        _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK, MAXSEQ,
-                                       S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
-                elif PREFETCH != 0:  # weights never wait: streamed to L2 before spinning (2: the queue's first task)
+                if PREFETCH != 0:  # weights never wait: streamed to L2 before spinning (2: the queue's first task)
                     if (i == q0) | (PREFETCH == 1):
                         _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK,
-                                       MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
+                                       MAXSEQ, S, D, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D,
+                                       PF_CHUNKS, PF_BYTES, PF_TILES)  # fmt: skip
                 if PREFETCH == 2:  # the next task's fields, loaded while this one waits (its prefetch issues after)
                     tn = tl.load(QTASKS + tl.minimum(i + 1, q1 - 1)) * NF
                     n_kind, n_layer = tl.load(TASKS + tn), tl.load(TASKS + tn + 1)
@@ -761,7 +747,8 @@ def decode_kernel(
                     if PREFETCH == 2:  # the next task's weights stream to L2 while this one runs
                         if i + 1 < q1:
                             _prefetch_task(n_kind, n_layer, n_lo, n_hi, n_split, W, KV, OFFS, position, H, INTER,
-                                           QD, HK, MAXSEQ, S, D, PF_CHUNKS, PF_BYTES)  # fmt: skip
+                                           QD, HK, MAXSEQ, S, D, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
+                                           BK_D, PF_CHUNKS, PF_BYTES, PF_TILES)  # fmt: skip
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
                           MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
                           BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, EVICT,
@@ -867,7 +854,7 @@ class Megakernel:
         if type(tile_budget) is not int or tile_budget < 1 or tile_budget & (tile_budget - 1):
             raise ValueError(f"megakernel: tile_budget must be a power of two (elements), got {tile_budget!r}")
         self.tile_budget = tile_budget
-        modes = {None: 0, False: 0, True: 1, "wait": 1, "ahead": 2, "tiles": 3}
+        modes = {None: 0, False: 0, True: 1, "wait": 1, "ahead": 2, "tiles": 1}  # "tiles": 1 with PF_TILES
         if not isinstance(prefetch, (str, bool, type(None))) or prefetch not in modes:
             raise ValueError(f"megakernel: prefetch must be None, True, 'wait', 'ahead' or 'tiles', got {prefetch!r}")
         if type(poll_sleep_ns) is not int or not 0 <= poll_sleep_ns <= 1_000_000:
@@ -972,7 +959,7 @@ class Megakernel:
             BLOCK_DH=max(16, _pow2(c.head_dim // 2)),
             PF_CHUNKS=pf_chunks,
             PF_BYTES=pf_bytes(max_bytes if prefetch_bytes is None else min(max_bytes, prefetch_bytes)),
-            PF_TILES=2,  # prefetch="tiles": the two tiles _gemv keeps in flight
+            PF_TILES=2 if prefetch == "tiles" else 0,  # the two tiles _gemv keeps in flight
             GEMV_STAGES=gemv_stages,
             EVICT="evict_first" if weights_evict_first else "",
             ONE_POLLER=one_poller,
@@ -1019,6 +1006,7 @@ class Megakernel:
             extra["launch_pdl"] = True
         if mode == STAGED:
             extra["PREFETCH"], extra["PF_BYTES"] = int(self.staged_prefetch), self.staged_pf_bytes
+            extra["PF_TILES"] = 0  # (whole tasks into L2)
         import contextlib
 
         import torch
