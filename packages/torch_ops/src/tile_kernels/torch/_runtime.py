@@ -345,16 +345,18 @@ class _LaunchStep:
     def __init__(self, launch, slot):
         self.launch = launch
         names = launch.reads + launch.writes
-        # an absent pointer gets a buffer the kernel writes anyway: torch.compile's analysis of what a kernel
-        # mutates may count every pointer argument as written, and an input passed there would be an input mutated
+        # an absent pointer gets a buffer the kernel writes anyway (never dereferenced; trace gives it its own)
         refs = [a for a in launch.writes if is_ref(a)] or [a for a in launch.reads if is_ref(a)]
         anchor = slot(refs[0])
         self.constants = [a for a in names if not (is_ref(a) or a is None)]
         self.positions = [slot(a) if is_ref(a) else anchor if a is None else None for a in names]
+        self.absent = [i for i, a in enumerate(names) if a is None]
         kernel = launch.kernel
         self.grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
         self.options = dict(launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
-        self.traced_options = dict(self.options)  # torch.compile's wrap_triton launches without PDL
+        # torch.compile's wrap_triton launches without PDL: the kernel's gdc calls (a PDL constexpr gates them) are
+        # compiled out there, as their inline asm would stop torch.compile's analysis of what the kernel writes
+        self.traced_options = dict(self.options) | ({"PDL": False} if "PDL" in launch.constexprs else {})
         if launch.pdl and not _INTERPRETING:
             self.options["launch_pdl"] = True  # compiled into the kernel's launcher metadata: the bound path too
         self.bound: dict = {}
@@ -399,7 +401,14 @@ class _LaunchStep:
             *self.constexprs)  # fmt: skip
 
     def trace(self, tensors):
-        wrap_triton(self.launch.kernel)[self.grid](*self.arguments(tensors), **self.traced_options)
+        """The launch as a graph node. An absent pointer gets a 1-element tensor of its own: where torch.compile
+        cannot analyze a kernel (inline asm) it counts every pointer as written and functionalizes each argument
+        separately, so a stand-in aliasing a written buffer would put that buffer's old contents back after the
+        launch."""
+        args = list(self.arguments(tensors))
+        for i in self.absent:
+            args[i] = args[i].new_empty(1)
+        wrap_triton(self.launch.kernel)[self.grid](*args, **self.traced_options)
 
 
 class _CallStep:
