@@ -88,7 +88,6 @@ def build_decode_step(
     debug: bool = False,
     timeout_s: float = 1.0,
     tile_budget: int | None = None,
-    gemv_stages: int = 0,
     task_costs=None,
     fuse_combine: bool = False,
 ) -> DecodeStep:
@@ -101,7 +100,7 @@ def build_decode_step(
     launch), or on the CPU with TRITON_INTERPRET=1 (Triton's interpreter, grid=(1,), one queue holding every task in
     a legal order). debug=True arms the watchdog: a wait longer than `timeout_s` aborts the step and the call raises a
     RuntimeError naming the stuck task and counter (each call then synchronizes). `tile_budget` (default
-    kernel.TILE_BUDGET) is the elements of a GEMV weight tile, `gemv_stages` the projections' pipelining (Megakernel).
+    kernel.TILE_BUDGET) is the elements of a GEMV weight tile (Megakernel).
     `task_costs`: a Trace of a step built with the same arguments (or its costs_ns()): the queues balanced by measured
     run times instead of estimated bytes. `fuse_combine`: each group's COMBINE run by its last ATTN split to finish,
     in no queue (schedule.py).
@@ -149,6 +148,6 @@ def build_decode_step(
 
         budget = TILE_BUDGET if tile_budget is None else tile_budget
         kernel = Megakernel(graph, sched, packed, device, debug=debug, timeout_s=timeout_s, seed=seed,
-                            tile_budget=budget, gemv_stages=gemv_stages)  # fmt: skip
+                            tile_budget=budget)  # fmt: skip
         packed = None  # the kernel holds its own copy (the weight arena)
     return DecodeStep(config, graph, sched, packed, backend, seed, kernel)

@@ -160,9 +160,8 @@ def bench_shape(
         "megakernel, no L2 prefetch": lambda: variant(prefetch=None),
         "megakernel, L2 prefetch of 128 KB": lambda: variant(prefetch_bytes=131072),
         "megakernel, L2 prefetch of whole tasks": lambda: variant(prefetch_bytes=None),
-        # the next task's first 32 KB while one runs
-        "megakernel, L2 prefetch ahead": lambda: variant(prefetch="ahead"),
-        "megakernel, L1 prefetch of the first tiles": lambda: variant(prefetch="tiles"),
+        # the projections' first two weight tiles loaded after their waits (the default: before)
+        "megakernel, no weight preload": lambda: variant(preload=False),
         # weight loads without the L2 evict_first policy (the default marks them: read once, they leave L2 first)
         "megakernel, weights evicted normally": lambda: variant(weights_evict_first=False),
         # every thread polls a counter (the default: thread 0 alone, the others wait at a barrier); the polls'
@@ -176,10 +175,6 @@ def bench_shape(
         "megakernel, 32768-element tiles": lambda: variant(tile_budget=32768),
         "megakernel, 4 warps, 8192-element tiles": lambda: variant(num_warps=4, tile_budget=8192),
         "megakernel, 16 warps": lambda: variant(num_warps=16),
-        # the projections' loops software-pipelined by Triton (cp.async into shared memory): more bytes in flight
-        "megakernel, 3-stage GEMV pipeline": lambda: variant(gemv_stages=3),
-        "megakernel, 4-stage GEMV pipeline": lambda: variant(gemv_stages=4),
-        "megakernel, 4-stage GEMV pipeline, 8192-element tiles": lambda: variant(gemv_stages=4, tile_budget=8192),
         "megakernel, 4 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=4)),
         "megakernel, 8 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=8)),
         # QKV tiles of 24 rows (Tiling.auto rounds to 16: 32 rows, 96 tasks on 1B's 132 SMs): 128 shorter tasks

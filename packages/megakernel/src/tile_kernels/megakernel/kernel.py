@@ -35,30 +35,26 @@ waits for `epoch * threshold`, so no memset sits between steps (the host zeroes 
     and KV rows written in this launch are loaded with .cg (L2, never a stale L1 line).
   Every buffer is written once per launch (graph.py), so there are only read-after-write edges: no WAR counters.
 
-Prefetch. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.prefetch.L2.global`, sm_90+, PF_CHUNKS
-chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous in the row-major matrices; the first PF_CHUNKS x
-PF_BYTES bytes of them) lets HBM stream them while the CTA waits, and the GEMV's first loads then hit L2: the step is
-bandwidth-bound (Llama-3.2-1B: ~1.9 GB of bf16 weights, floor 475 us at the H200's measured copy speed). PREFETCH 1:
-task i's own weights before spinning on its waits; 2: the queue's first task's before its waits, then, once task i's
-waits are met, task i + 1's while task i runs (the stream crosses the task boundary). With PF_TILES > 0 (Megakernel's
-prefetch="tiles", PREFETCH 1) the weights prefetched are instead the lines of the first PF_TILES tiles of each matrix,
-in the order the GEMV loads them (a tile is BN rows x BK columns: the first bytes of every row, not the first rows),
-into L1 (`prefetch.global.L1`), so that the loads after the waits hit in the SM (_prefetch_weights). The GEMV's weight
-loads are marked L2 evict_first (Megakernel's weights_evict_first; read once a step, they leave L2 before the prefetched
-lines, activations and KV rows). The persistent kernel's default (Megakernel's prefetch / prefetch_bytes) is 1 with the
+Prefetch and preload. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.prefetch.L2.global`,
+sm_90+, PF_CHUNKS chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous in the row-major matrices; the
+first PF_CHUNKS x PF_BYTES bytes of them) lets HBM stream them while the CTA waits (PREFETCH; the step is
+bandwidth-bound: Llama-3.2-1B's ~1.9 GB of bf16 weights take 475 us at the H200's measured copy speed). Then
+(PRELOAD) each projection loads its first weight tile (of each matrix: GATEUP) into registers, and only then waits
+(_arrive): its first 32 KB are in the SM when its producers are done. The
+GEMV's weight loads are marked L2 evict_first (Megakernel's weights_evict_first; read once a step, they leave L2
+before the prefetched lines, activations and KV rows). The L2 prefetch's default (Megakernel's prefetch_bytes) is the
 first PREFETCH_BYTES of each matrix: all of a task's rows measured slower (132 CTAs' prefetches overrun the 50 MB L2),
-and so did 2 (benchmarks/results/h200/notes.md); the per-op launches prefetch whole tasks (1). Never in the interpreter,
-before sm_90, or where a row is not a multiple of 16 bytes.
+and so did the next task's while one runs and an L1 prefetch of the first tiles' lines
+(benchmarks/results/h200/notes.md); the per-op launches prefetch whole tasks. Never in the interpreter, before sm_90,
+or where a row is not a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in (BN, BK) weight tiles of
-         tile_budget elements, each reduced at once into a (BN,) fp32 accumulator, the next tile loaded into
-         registers before the current one is multiplied (or, with gemv_stages, Triton's cp.async pipeline; _gemv
-         gives the design). QKV and
-         GATEUP normalize their input on the fly (r = rsqrt(mean(v^2) + eps) from one pass over the hidden vector,
-         then each chunk times r and the norm weight: no NORM task, no hop; QKV adds its rows' biases, zeros for a
-         model without them). OPROJ multiplies the combined attention
-         output ao. DOWN and OPROJ add the residual rows; GATEUP streams its two matrices in one loop.
+         tile_budget elements, each reduced at once into a (BN,) fp32 accumulator, two tiles in flight in registers
+         (_gemv gives the design). QKV and GATEUP normalize their input on the fly (r = rsqrt(mean(v^2) + eps)
+         from one pass over the hidden vector, then each chunk times r and the norm weight: no NORM task, no hop;
+         QKV adds its rows' biases, zeros for a model without them). OPROJ multiplies the combined attention output
+         ao. DOWN and OPROJ add the residual rows; GATEUP streams its two matrices in one loop.
   ATTN   group g, split s: rotates the group's q heads and k_g (the two rotary halves kept apart, cos/sin read from a
          (max_seq, D/2) table computed in float64 at build: fp32 angles lose ~1e-2 rad at position 1e5); split 0
          writes the new KV cache row and starts its online softmax from the new token in registers (rounded to the
@@ -88,7 +84,8 @@ spinning, prefetch, memory ordering and cooperative launch are GPU-only (constex
 
 Staged launches (MODE=STAGED, the benchmark's per-op baseline). One launch per stage (an op of a layer), a program
 per task, KIND constexpr (one body compiled per kind), no counters; with launch_pdl each program prefetches its
-weights, then `griddepcontrol.wait`s for the previous launch and lets the next one launch.
+weights (and preloads its first tiles), then `griddepcontrol.wait`s for the previous launch and lets the next one
+launch.
 """
 
 from __future__ import annotations
@@ -240,33 +237,26 @@ def _norm_chunk(XIN, A, OFFS: tl.constexpr, buf: tl.constexpr, layer, wn, H, k0,
 
 
 @triton.jit
-def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr):
-    """rows [lo, hi) of the row-major (., K) matrix W times the float32 vector X: fp32 (BLOCK_N,), masked past hi.
+def _gemv(W, X, lo, hi, K, w, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
+    """rows [lo, hi) of the row-major (., K) matrix W times the float32 vector X: fp32 (BLOCK_N,), masked past hi;
+    w its first (BLOCK_N, BLOCK_K) tile (_wtile at k0 = 0), loaded by the caller.
 
-    Design (QKV, GATEUP and OPROJ run the same loop inline). Batch 1 is bandwidth-bound with one CTA an SM, so what
-    matters is the weight bytes in flight per SM (Little's law: ~32 GB/s an SM at ~1 us loaded latency needs 32 KB+
-    in flight at all times). The next (BLOCK_N, BLOCK_K) tile is loaded into registers, as 16-byte vectors, before the
-    current one is multiplied (STAGES 0; with STAGES > 0 Triton's software pipeline keeps STAGES - 1 tiles in flight
-    in shared memory instead): two tiles of Megakernel's tile_budget elements in flight, and the vector's next chunk
-    with its tile (an L2 round trip for it at each iteration would bound the iteration where the weights come from
-    L2). Each product tile is reduced at once into a (BLOCK_N,) accumulator
-    (in-thread adds, warp shuffles, a shared-memory step where BLOCK_K spans several warps), so the registers hold the
-    two weight tiles and no tile-shaped fp32 accumulator: budget / (32 x num_warps) a thread for 16-bit weights (64 at
-    16384 elements and 8 warps; the 8192 budget's tile-shaped accumulator took 64 too).
-    Limits: while a tile is multiplied only the next one is in flight, and none between tasks (waits, store, signal;
-    the L2 prefetch of a task's first bytes covers part of that gap); the whole kernel's registers (~240 at
-    16384, the max over every body plus what is hoisted out of the queue loop) spill at 32768; tasks of few rows make
-    BLOCK_K long, so the per-tile reduction crosses warps; a K not a multiple of BLOCK_K masks part of the last tile."""
+    Design (QKV and GATEUP run the same loop inline). Batch 1 is bandwidth-bound with one CTA an SM, so what matters
+    is the weight bytes in flight per SM (Little's law: ~32 GB/s an SM at ~1 us loaded latency needs 32 KB+ in flight
+    at all times). The next (BLOCK_N, BLOCK_K) tile is loaded into registers, as 16-byte vectors, before the current
+    one is multiplied: two tiles of Megakernel's tile_budget elements in flight, and the vector's next chunk with its
+    tile (an L2 round trip for it at each iteration would bound the iteration where the weights come from L2). The
+    caller loads the first tile before the task's waits where it preloads (weights never wait). Each product tile is
+    reduced at once into a (BLOCK_N,) accumulator (in-thread adds, warp shuffles, a shared-memory step where BLOCK_K
+    spans several warps), so the registers hold the two weight tiles and no tile-shaped fp32 accumulator: budget /
+    (32 x num_warps) a thread for 16-bit weights (64 at 16384 elements and 8 warps).
+    Limits: the whole kernel's registers (255 at 16384, the max over every body plus what is hoisted out of the queue
+    loop) spill at 32768, and with a second tile preloaded (the loop then multiplies tile k before it loads tile k +
+    2, and ptxas hoists that load: three tiles live); tasks of few rows make BLOCK_K long, so the per-tile reduction
+    crosses warps; a K not a multiple of BLOCK_K masks part of the last tile."""
     rows = lo + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N,), tl.float32)
-    if STAGES > 0:  # Megakernel's gemv_stages: Triton's software pipeline, STAGES - 1 tiles in flight through cp.async
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-            w = _wtile(W, rows, hi, K, k0, BLOCK_K, EVICT)
-            x = tl.load(X + k0 + cols, mask=k0 + cols < K, other=0.0, cache_modifier=".cg")
-            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-        return acc
-    w = _wtile(W, rows, hi, K, 0, BLOCK_K, EVICT)
     x = tl.load(X + cols, mask=cols < K, other=0.0, cache_modifier=".cg")
     for k0 in range(0, K, BLOCK_K):
         w_next = _wtile(W, rows, hi, K, k0 + BLOCK_K, BLOCK_K, EVICT)
@@ -304,17 +294,11 @@ def _kv_bases(KV, layer, g, MAXSEQ, HK, D: tl.constexpr):
     return kbase, kbase + MAXSEQ * HK * D
 
 
-# a line prefetch where a predicate holds: into L2 (kept: evict_last), or into the SM's L1 (through L2)
-_PREDICATED = "{{\n.reg .pred p;\nsetp.ne.s32 p, $2, 0;\n@p {} [$1];\nmov.u32 $0, 0;\n}}"
-PREFETCH_L2 = tl.constexpr(_PREDICATED.format("prefetch.global.L2::evict_last"))
-PREFETCH_L1 = tl.constexpr(_PREDICATED.format("prefetch.global.L1"))
-
-
 @triton.jit
-def _prefetch_lines(ptrs, mask, ASM: tl.constexpr = PREFETCH_L2):
-    """Prefetch of the lines holding ptrs where mask (ASM: PREFETCH_L2 or PREFETCH_L1)."""
+def _prefetch_lines(ptrs, mask):
+    """L2 prefetch (kept: evict_last) of the lines holding ptrs where mask."""
     tl.inline_asm_elementwise(
-        ASM,
+        "{\n.reg .pred p;\nsetp.ne.s32 p, $2, 0;\n@p prefetch.global.L2::evict_last [$1];\nmov.u32 $0, 0;\n}",
         "=r,l,r",
         [ptrs, mask.to(tl.int32)],
         dtype=tl.int32,
@@ -362,26 +346,45 @@ def _task(
     BLOCK_G: tl.constexpr,
     BLOCK_GC: tl.constexpr,
     BLOCK_DH: tl.constexpr,
-    GEMV_STAGES: tl.constexpr,
     EVICT: tl.constexpr,
     INTERPRET: tl.constexpr,
+    WAITS,
+    wait_lo,
+    wait_hi,
+    COUNTERS,
+    epoch,
+    ERR,
+    pid,
+    t,
+    qi,
+    timeout_ns,
+    TRACE,
+    DEBUG: tl.constexpr,
+    ONE_POLLER: tl.constexpr,
+    SLEEP_NS: tl.constexpr,
+    PDL: tl.constexpr,
+    TRACING: tl.constexpr,
+    PRELOAD: tl.constexpr,
 ):
-    """One task (graph.py's table of kinds); `kind` is a constexpr in staged launches (one body compiled)."""
+    """One task (graph.py's table of kinds) once what it waits for is done (_arrive: the waits WAITS[wait_lo:wait_hi],
+    or the previous launch with PDL); returns alive (0: the step was aborted, the body skipped). `kind` is a constexpr
+    in staged launches (one body compiled). PRELOAD: the projections load their first weight tile before arriving
+    (_gemv)."""
     HQ = HK * G
     QD = HQ * D
     if kind == 0:  # QKV: qkv[lo:hi] = Wqkv[lo:hi] (x r w_attn), r = rsqrt(mean(x^2) + eps), x = x[l]
-        r = _rms_scale(XIN, A, OFFS, B_X, layer, H, eps, BLOCK_H)
         wqkv = _ptr(W, OFFS, B_WQKV, layer)
-        wn = _ptr(W, OFFS, B_WAN, layer)
         rows = lo + tl.arange(0, BN_QKV)
-        acc = tl.zeros((BN_QKV,), tl.float32)
-        if GEMV_STAGES > 0:  # as _gemv
-            for k0 in tl.range(0, H, BK_QKV, num_stages=GEMV_STAGES):
-                w = _wtile(wqkv, rows, hi, H, k0, BK_QKV, EVICT)
-                v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, wn, H, k0, BK_QKV)
-                acc += tl.sum(w.to(tl.float32) * (v * r * g.to(tl.float32))[None, :], axis=1)
-        else:
+        if PRELOAD:
             w = _wtile(wqkv, rows, hi, H, 0, BK_QKV, EVICT)
+        alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
+                        DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
+        if not PRELOAD:
+            w = _wtile(wqkv, rows, hi, H, 0, BK_QKV, EVICT)
+        if alive != 0:
+            r = _rms_scale(XIN, A, OFFS, B_X, layer, H, eps, BLOCK_H)
+            wn = _ptr(W, OFFS, B_WAN, layer)
+            acc = tl.zeros((BN_QKV,), tl.float32)
             v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, wn, H, 0, BK_QKV)
             for k0 in range(0, H, BK_QKV):  # as _gemv, the input normalized chunk by chunk
                 w_next = _wtile(wqkv, rows, hi, H, k0 + BK_QKV, BK_QKV, EVICT)
@@ -390,94 +393,101 @@ def _task(
                 w = w_next
                 v = v_next
                 g = g_next
-        acc += tl.load(_ptr(W, OFFS, B_BQKV, layer) + rows, mask=rows < hi, other=0.0).to(tl.float32)
-        tl.store(_ptr(A, OFFS, B_QKV, layer) + rows, acc, mask=rows < hi)
+            acc += tl.load(_ptr(W, OFFS, B_BQKV, layer) + rows, mask=rows < hi, other=0.0).to(tl.float32)
+            tl.store(_ptr(A, OFFS, B_QKV, layer) + rows, acc, mask=rows < hi)
     elif kind == 1:  # ATTN of group g = lo, split s (graph.py): rope, the new KV row, (o, m, l) over the split
-        i = tl.arange(0, BLOCK_DH)  # the two rotary halves are kept apart: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)
-        im = i < D // 2
-        jg = tl.arange(0, BLOCK_G)
-        qm = (jg < G)[:, None] & im[None, :]
-        seg = _ptr(A, OFFS, B_QKV, layer) + lo * (G + 2) * D  # G q heads, k_g, v_g
-        c = tl.load(ROPE + position * (D // 2) + i, mask=im, other=1.0)
-        s = tl.load(ROPE + (MAXSEQ + position) * (D // 2) + i, mask=im, other=0.0)
-        x1 = tl.load(seg + jg[:, None] * D + i[None, :], mask=qm, other=0.0, cache_modifier=".cg")
-        x2 = tl.load(seg + jg[:, None] * D + D // 2 + i[None, :], mask=qm, other=0.0, cache_modifier=".cg")
-        q1 = (x1 * c - x2 * s) * sm_scale
-        q2 = (x2 * c + x1 * s) * sm_scale
-        k1 = tl.load(seg + G * D + i, mask=im, other=0.0, cache_modifier=".cg")
-        k2 = tl.load(seg + G * D + D // 2 + i, mask=im, other=0.0, cache_modifier=".cg")
-        kn1 = (k1 * c - k2 * s).to(KV.dtype.element_ty)
-        kn2 = (k2 * c + k1 * s).to(KV.dtype.element_ty)
-        vn1 = tl.load(seg + (G + 1) * D + i, mask=im, other=0.0, cache_modifier=".cg").to(KV.dtype.element_ty)
-        vn2 = tl.load(seg + (G + 1) * D + D // 2 + i, mask=im, other=0.0, cache_modifier=".cg").to(KV.dtype.element_ty)
-        kbase, vbase = _kv_bases(KV, layer, lo, MAXSEQ, HK, D)
-        first = split == 0
-        if first:  # the new token's KV row (nobody reads it in this launch: split 0 keeps it in registers)
-            row = position * HK * D
-            tl.store(kbase + row + i, kn1, mask=im)
-            tl.store(kbase + row + D // 2 + i, kn2, mask=im)
-            tl.store(vbase + row + i, vn1, mask=im)
-            tl.store(vbase + row + D // 2 + i, vn2, mask=im)
-        # split 0 starts from the new token (m = its score, l = 1, o = v), the others from nothing
-        sn = tl.sum(q1 * kn1.to(tl.float32)[None, :] + q2 * kn2.to(tl.float32)[None, :], axis=1)
-        m_i = tl.where(first, sn, float("-inf"))
-        l_i = tl.where(first, 1.0, 0.0) + tl.zeros((BLOCK_G,), tl.float32)
-        zero = tl.zeros((BLOCK_G, BLOCK_DH), tl.float32)
-        o1 = tl.where(first, vn1.to(tl.float32)[None, :] + zero, zero)
-        o2 = tl.where(first, vn2.to(tl.float32)[None, :] + zero, zero)
-        qa = q1.to(KV.dtype.element_ty)  # the cached blocks' dots on tensor cores, q in the cache dtype
-        qb = q2.to(KV.dtype.element_ty)
-        a, e = _split_range(position, S, split)
-        for t0 in range(a, e, BLOCK_T):
-            tt = t0 + tl.arange(0, BLOCK_T)
-            tm = tt < e
-            km = tm[:, None] & im[None, :]
-            off = tt[:, None] * (HK * D) + i[None, :]
-            kt = tt[None, :] * (HK * D) + i[:, None]  # K transposed, (DH, T)
-            ktm = tm[None, :] & im[:, None]
-            ka = tl.load(kbase + kt, mask=ktm, other=0.0, cache_modifier=".cg")
-            kb = tl.load(kbase + kt + D // 2, mask=ktm, other=0.0, cache_modifier=".cg")
-            va = tl.load(vbase + off, mask=km, other=0.0, cache_modifier=".cg")
-            vb = tl.load(vbase + off + D // 2, mask=km, other=0.0, cache_modifier=".cg")
-            sc = _dot(qa, ka, INTERPRET) + _dot(qb, kb, INTERPRET)
-            sc = tl.where(tm[None, :], sc, float("-inf"))  # (G, T)
-            m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # finite: every block holds a position
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(sc - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            o1 = o1 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), va, INTERPRET)
-            o2 = o2 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), vb, INTERPRET)
-            m_i = m_new
-        rec = _ptr(A, OFFS, B_ATT, layer) + (split * HQ + lo * G + jg) * (D + 2)  # (split, head, [o, m, l])
-        tl.store(rec[:, None] + i[None, :], o1, mask=qm)
-        tl.store(rec[:, None] + D // 2 + i[None, :], o2, mask=qm)
-        tl.store(rec + D, m_i, mask=jg < G)
-        tl.store(rec + D + 1, l_i, mask=jg < G)
+        alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
+                        DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
+        if alive != 0:
+            i = tl.arange(0, BLOCK_DH)  # the two rotary halves are kept apart: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)
+            im = i < D // 2
+            jg = tl.arange(0, BLOCK_G)
+            qm = (jg < G)[:, None] & im[None, :]
+            seg = _ptr(A, OFFS, B_QKV, layer) + lo * (G + 2) * D  # G q heads, k_g, v_g
+            c = tl.load(ROPE + position * (D // 2) + i, mask=im, other=1.0)
+            s = tl.load(ROPE + (MAXSEQ + position) * (D // 2) + i, mask=im, other=0.0)
+            x1 = tl.load(seg + jg[:, None] * D + i[None, :], mask=qm, other=0.0, cache_modifier=".cg")
+            x2 = tl.load(seg + jg[:, None] * D + D // 2 + i[None, :], mask=qm, other=0.0, cache_modifier=".cg")
+            q1 = (x1 * c - x2 * s) * sm_scale
+            q2 = (x2 * c + x1 * s) * sm_scale
+            k1 = tl.load(seg + G * D + i, mask=im, other=0.0, cache_modifier=".cg")
+            k2 = tl.load(seg + G * D + D // 2 + i, mask=im, other=0.0, cache_modifier=".cg")
+            kn1 = (k1 * c - k2 * s).to(KV.dtype.element_ty)
+            kn2 = (k2 * c + k1 * s).to(KV.dtype.element_ty)
+            vn1 = tl.load(seg + (G + 1) * D + i, mask=im, other=0.0, cache_modifier=".cg")
+            vn2 = tl.load(seg + (G + 1) * D + D // 2 + i, mask=im, other=0.0, cache_modifier=".cg")
+            vn1, vn2 = vn1.to(KV.dtype.element_ty), vn2.to(KV.dtype.element_ty)
+            kbase, vbase = _kv_bases(KV, layer, lo, MAXSEQ, HK, D)
+            first = split == 0
+            if first:  # the new token's KV row (nobody reads it in this launch: split 0 keeps it in registers)
+                row = position * HK * D
+                tl.store(kbase + row + i, kn1, mask=im)
+                tl.store(kbase + row + D // 2 + i, kn2, mask=im)
+                tl.store(vbase + row + i, vn1, mask=im)
+                tl.store(vbase + row + D // 2 + i, vn2, mask=im)
+            # split 0 starts from the new token (m = its score, l = 1, o = v), the others from nothing
+            sn = tl.sum(q1 * kn1.to(tl.float32)[None, :] + q2 * kn2.to(tl.float32)[None, :], axis=1)
+            m_i = tl.where(first, sn, float("-inf"))
+            l_i = tl.where(first, 1.0, 0.0) + tl.zeros((BLOCK_G,), tl.float32)
+            zero = tl.zeros((BLOCK_G, BLOCK_DH), tl.float32)
+            o1 = tl.where(first, vn1.to(tl.float32)[None, :] + zero, zero)
+            o2 = tl.where(first, vn2.to(tl.float32)[None, :] + zero, zero)
+            qa = q1.to(KV.dtype.element_ty)  # the cached blocks' dots on tensor cores, q in the cache dtype
+            qb = q2.to(KV.dtype.element_ty)
+            a, e = _split_range(position, S, split)
+            for t0 in range(a, e, BLOCK_T):
+                tt = t0 + tl.arange(0, BLOCK_T)
+                tm = tt < e
+                km = tm[:, None] & im[None, :]
+                off = tt[:, None] * (HK * D) + i[None, :]
+                kt = tt[None, :] * (HK * D) + i[:, None]  # K transposed, (DH, T)
+                ktm = tm[None, :] & im[:, None]
+                ka = tl.load(kbase + kt, mask=ktm, other=0.0, cache_modifier=".cg")
+                kb = tl.load(kbase + kt + D // 2, mask=ktm, other=0.0, cache_modifier=".cg")
+                va = tl.load(vbase + off, mask=km, other=0.0, cache_modifier=".cg")
+                vb = tl.load(vbase + off + D // 2, mask=km, other=0.0, cache_modifier=".cg")
+                sc = _dot(qa, ka, INTERPRET) + _dot(qb, kb, INTERPRET)
+                sc = tl.where(tm[None, :], sc, float("-inf"))  # (G, T)
+                m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # finite: every block holds a position
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(sc - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                o1 = o1 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), va, INTERPRET)
+                o2 = o2 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), vb, INTERPRET)
+                m_i = m_new
+            rec = _ptr(A, OFFS, B_ATT, layer) + (split * HQ + lo * G + jg) * (D + 2)  # (split, head, [o, m, l])
+            tl.store(rec[:, None] + i[None, :], o1, mask=qm)
+            tl.store(rec[:, None] + D // 2 + i[None, :], o2, mask=qm)
+            tl.store(rec + D, m_i, mask=jg < G)
+            tl.store(rec + D + 1, l_i, mask=jg < G)
     elif kind == 2:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] ao
         rows = lo + tl.arange(0, BN_O)
-        wo, ao = _ptr(W, OFFS, B_WO, layer), _ptr(A, OFFS, B_AO, layer)
-        acc = _gemv(wo, ao, lo, hi, QD, BN_O, BK_O, GEMV_STAGES, EVICT)
-        res = _vec(XIN, A, OFFS, B_X, layer, rows, rows < hi)
-        tl.store(_ptr(A, OFFS, B_H, layer) + rows, res + acc, mask=rows < hi)
+        wo = _ptr(W, OFFS, B_WO, layer)
+        if PRELOAD:
+            w = _wtile(wo, rows, hi, QD, 0, BK_O, EVICT)
+        alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
+                        DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
+        if not PRELOAD:
+            w = _wtile(wo, rows, hi, QD, 0, BK_O, EVICT)
+        if alive != 0:
+            acc = _gemv(wo, _ptr(A, OFFS, B_AO, layer), lo, hi, QD, w, BN_O, BK_O, EVICT)
+            res = _vec(XIN, A, OFFS, B_X, layer, rows, rows < hi)
+            tl.store(_ptr(A, OFFS, B_H, layer) + rows, res + acc, mask=rows < hi)
     elif kind == 3:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] m) * (Wu[lo:hi] m), m = h r w_mlp, r = rsqrt(mean(h^2) + eps)
-        r = _rms_scale(XIN, A, OFFS, B_H, layer, H, eps, BLOCK_H)
         wg = _ptr(W, OFFS, B_WG, layer)
         wu = _ptr(W, OFFS, B_WU, layer)
-        wn = _ptr(W, OFFS, B_WMN, layer)
         rows = lo + tl.arange(0, BN_GU)
-        acc_g = tl.zeros((BN_GU,), tl.float32)
-        acc_u = tl.zeros((BN_GU,), tl.float32)
-        if GEMV_STAGES > 0:  # as _gemv
-            for k0 in tl.range(0, H, BK_GU, num_stages=GEMV_STAGES):
-                tg = _wtile(wg, rows, hi, H, k0, BK_GU, EVICT)
-                tu = _wtile(wu, rows, hi, H, k0, BK_GU, EVICT)
-                v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, wn, H, k0, BK_GU)
-                n = v * r * g.to(tl.float32)
-                acc_g += tl.sum(tg.to(tl.float32) * n[None, :], axis=1)
-                acc_u += tl.sum(tu.to(tl.float32) * n[None, :], axis=1)
-        else:
-            tg = _wtile(wg, rows, hi, H, 0, BK_GU, EVICT)
-            tu = _wtile(wu, rows, hi, H, 0, BK_GU, EVICT)
+        if PRELOAD:
+            tg, tu = _wtile(wg, rows, hi, H, 0, BK_GU, EVICT), _wtile(wu, rows, hi, H, 0, BK_GU, EVICT)
+        alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
+                        DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
+        if not PRELOAD:
+            tg, tu = _wtile(wg, rows, hi, H, 0, BK_GU, EVICT), _wtile(wu, rows, hi, H, 0, BK_GU, EVICT)
+        if alive != 0:
+            r = _rms_scale(XIN, A, OFFS, B_H, layer, H, eps, BLOCK_H)
+            wn = _ptr(W, OFFS, B_WMN, layer)
+            acc_g = tl.zeros((BN_GU,), tl.float32)
+            acc_u = tl.zeros((BN_GU,), tl.float32)
             v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, wn, H, 0, BK_GU)
             for k0 in range(0, H, BK_GU):  # as _gemv, both matrices in one loop, the input normalized chunk by chunk
                 tg_next = _wtile(wg, rows, hi, H, k0 + BK_GU, BK_GU, EVICT)
@@ -490,18 +500,29 @@ def _task(
                 tu = tu_next
                 v = v_next
                 g = g_next
-        tl.store(_ptr(A, OFFS, B_ACT, layer) + rows, acc_g * tl.sigmoid(acc_g) * acc_u, mask=rows < hi)
+            tl.store(_ptr(A, OFFS, B_ACT, layer) + rows, acc_g * tl.sigmoid(acc_g) * acc_u, mask=rows < hi)
     elif kind == 4:  # DOWN: x[l + 1][lo:hi] = h[lo:hi] + Wd[lo:hi] act (the last layer writes the step's output)
         rows = lo + tl.arange(0, BN_D)
-        wd, act = _ptr(W, OFFS, B_WD, layer), _ptr(A, OFFS, B_ACT, layer)
-        acc = _gemv(wd, act, lo, hi, INTER, BN_D, BK_D, GEMV_STAGES, EVICT)
-        y = tl.load(_ptr(A, OFFS, B_H, layer) + rows, mask=rows < hi, other=0.0, cache_modifier=".cg") + acc
-        if layer + 1 == NL:
-            tl.store(OUT + rows, y.to(OUT.dtype.element_ty), mask=rows < hi)
-        else:
-            tl.store(_ptr(A, OFFS, B_X, layer + 1) + rows, y, mask=rows < hi)
-    elif kind == 5:  # COMBINE of group g = lo
-        _combine(A, OFFS, layer, lo, S, HQ, G, D, BLOCK_S, BLOCK_GC, BLOCK_DH)
+        wd = _ptr(W, OFFS, B_WD, layer)
+        if PRELOAD:
+            w = _wtile(wd, rows, hi, INTER, 0, BK_D, EVICT)
+        alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
+                        DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
+        if not PRELOAD:
+            w = _wtile(wd, rows, hi, INTER, 0, BK_D, EVICT)
+        if alive != 0:
+            acc = _gemv(wd, _ptr(A, OFFS, B_ACT, layer), lo, hi, INTER, w, BN_D, BK_D, EVICT)
+            y = tl.load(_ptr(A, OFFS, B_H, layer) + rows, mask=rows < hi, other=0.0, cache_modifier=".cg") + acc
+            if layer + 1 == NL:
+                tl.store(OUT + rows, y.to(OUT.dtype.element_ty), mask=rows < hi)
+            else:
+                tl.store(_ptr(A, OFFS, B_X, layer + 1) + rows, y, mask=rows < hi)
+    else:  # COMBINE of group g = lo
+        alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
+                        DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
+        if alive != 0:
+            _combine(A, OFFS, layer, lo, S, HQ, G, D, BLOCK_S, BLOCK_GC, BLOCK_DH)
+    return alive
 
 
 @triton.jit
@@ -527,28 +548,16 @@ def _combine(A, OFFS: tl.constexpr, layer, lo, S, HQ, G: tl.constexpr, D: tl.con
 
 
 @triton.jit
-def _prefetch_weights(Wm, lo, hi, K, BN: tl.constexpr, BK: tl.constexpr, PF_CHUNKS: tl.constexpr,
-                      PF_BYTES: tl.constexpr, PF_TILES: tl.constexpr):  # fmt: skip
-    """Prefetch of rows [lo, hi) of the row-major (., K) matrix Wm: their first PF_CHUNKS x PF_BYTES bytes into L2
-    (bulk prefetches: the first rows whole), or with PF_TILES > 0 the lines of the first PF_TILES (BN, BK) tiles
-    into L1 (columns [0, PF_TILES x BK) of every row, one prefetch a 128-byte line: _wtile's tiles, as _gemv loads
-    them)."""
-    if PF_TILES > 0:
-        EPL: tl.constexpr = 1024 // Wm.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
-        rows = lo + tl.arange(0, BN)
-        cols = tl.arange(0, max(1, PF_TILES * BK // EPL)) * EPL
-        _prefetch_lines(Wm + rows[:, None] * K + cols[None, :], (rows < hi)[:, None] & (cols < K)[None, :], PREFETCH_L1)
-    else:
-        es = Wm.dtype.element_ty.primitive_bitwidth // 8
-        _prefetch_l2(Wm + lo * K, (hi - lo) * K * es, PF_CHUNKS, PF_BYTES)
+def _prefetch_weights(Wm, lo, hi, K, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr):
+    """Prefetch of rows [lo, hi) of the row-major (., K) matrix Wm into L2: their first PF_CHUNKS x PF_BYTES bytes
+    (bulk prefetches: the first rows whole)."""
+    es = Wm.dtype.element_ty.primitive_bitwidth // 8
+    _prefetch_l2(Wm + lo * K, (hi - lo) * K * es, PF_CHUNKS, PF_BYTES)
 
 
 @triton.jit
 def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS: tl.constexpr, position, H, INTER, QD, HK, MAXSEQ, S,
-                   D: tl.constexpr, BN_QKV: tl.constexpr, BK_QKV: tl.constexpr, BN_O: tl.constexpr,
-                   BK_O: tl.constexpr, BN_GU: tl.constexpr, BK_GU: tl.constexpr, BN_D: tl.constexpr,
-                   BK_D: tl.constexpr, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr,
-                   PF_TILES: tl.constexpr):  # fmt: skip
+                   D: tl.constexpr, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr):  # fmt: skip
     """Prefetch of what the task reads from HBM and no task writes: its weight rows [lo, hi) (_prefetch_weights), or
     for ATTN its split's cached K and V rows into L2 (a line prefetch each half)."""
     if kind == 1:
@@ -560,14 +569,14 @@ def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS: tl.constexpr, positi
                 _prefetch_lines(kbase + p * (HK * D) + half * (D // 2), p < e)
                 _prefetch_lines(vbase + p * (HK * D) + half * (D // 2), p < e)
     elif kind == 0:
-        _prefetch_weights(_ptr(W, OFFS, B_WQKV, layer), lo, hi, H, BN_QKV, BK_QKV, PF_CHUNKS, PF_BYTES, PF_TILES)
+        _prefetch_weights(_ptr(W, OFFS, B_WQKV, layer), lo, hi, H, PF_CHUNKS, PF_BYTES)
     elif kind == 2:
-        _prefetch_weights(_ptr(W, OFFS, B_WO, layer), lo, hi, QD, BN_O, BK_O, PF_CHUNKS, PF_BYTES, PF_TILES)
+        _prefetch_weights(_ptr(W, OFFS, B_WO, layer), lo, hi, QD, PF_CHUNKS, PF_BYTES)
     elif kind == 3:
-        _prefetch_weights(_ptr(W, OFFS, B_WG, layer), lo, hi, H, BN_GU, BK_GU, PF_CHUNKS, PF_BYTES, PF_TILES)
-        _prefetch_weights(_ptr(W, OFFS, B_WU, layer), lo, hi, H, BN_GU, BK_GU, PF_CHUNKS, PF_BYTES, PF_TILES)
+        _prefetch_weights(_ptr(W, OFFS, B_WG, layer), lo, hi, H, PF_CHUNKS, PF_BYTES)
+        _prefetch_weights(_ptr(W, OFFS, B_WU, layer), lo, hi, H, PF_CHUNKS, PF_BYTES)
     elif kind == 4:
-        _prefetch_weights(_ptr(W, OFFS, B_WD, layer), lo, hi, INTER, BN_D, BK_D, PF_CHUNKS, PF_BYTES, PF_TILES)
+        _prefetch_weights(_ptr(W, OFFS, B_WD, layer), lo, hi, INTER, PF_CHUNKS, PF_BYTES)
 
 
 @triton.jit
@@ -631,6 +640,31 @@ def _wait(ptr, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET: tl.conste
     return alive
 
 
+@triton.jit
+def _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET: tl.constexpr,
+            DEBUG: tl.constexpr, ONE_POLLER: tl.constexpr, SLEEP_NS: tl.constexpr, PDL: tl.constexpr,
+            TRACING: tl.constexpr):  # fmt: skip
+    """What a task waits for before it reads what others write: each wait (counter >= epoch x threshold) of
+    WAITS[wait_lo:wait_hi], then a CTA barrier (no warp reads before every warp has seen the counters) and, TRACING,
+    the task's run start (qi: its queue entry, the interpreter's clock); in a staged launch with PDL the previous
+    launch instead. Returns 1, or 0 when the step was aborted (watchdog / interpreter)."""
+    alive = pid * 0 + 1
+    if PDL and not INTERPRET:  # (the interpreter runs launches one after another anyway)
+        tl.extra.cuda.gdc_wait()  # the previous launch has finished and its writes are visible
+        tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
+    for w in range(wait_lo, wait_hi):
+        if alive != 0:
+            cid = tl.load(WAITS + 2 * w)
+            target = tl.load(WAITS + 2 * w + 1) * epoch
+            alive = _wait(COUNTERS + cid, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET, DEBUG, ONE_POLLER,
+                          SLEEP_NS)  # fmt: skip
+    if alive != 0:
+        tl.debug_barrier()
+        if TRACING:
+            tl.store(TRACE + 4 * t + 1, _now(qi, 1, INTERPRET))
+    return alive
+
+
 @triton.jit(do_not_specialize=["epoch", "position", "task0"])  # one compile for every step
 def decode_kernel(
     W,
@@ -677,8 +711,6 @@ def decode_kernel(
     BLOCK_DH: tl.constexpr,
     PF_CHUNKS: tl.constexpr,
     PF_BYTES: tl.constexpr,
-    PF_TILES: tl.constexpr,
-    GEMV_STAGES: tl.constexpr,
     EVICT: tl.constexpr,
     ONE_POLLER: tl.constexpr,
     SLEEP_NS: tl.constexpr,
@@ -687,6 +719,7 @@ def decode_kernel(
     INTERPRET: tl.constexpr,
     DEBUG: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PRELOAD: tl.constexpr,
     PDL: tl.constexpr,
     TRACING: tl.constexpr,
 ):
@@ -703,14 +736,12 @@ def decode_kernel(
         hi = tl.load(TASKS + t * NF + 3)
         split = tl.load(TASKS + t * NF + 4)
         if PREFETCH:
-            _prefetch_task(KIND, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK, MAXSEQ, S, D, BN_QKV,
-                           BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, PF_CHUNKS, PF_BYTES, PF_TILES)  # fmt: skip
-        if PDL and not INTERPRET:  # (the interpreter runs launches one after another anyway)
-            tl.extra.cuda.gdc_wait()  # the previous launch has finished and its writes are visible
-            tl.extra.cuda.gdc_launch_dependents()  # the next launch may start its prologue (weight prefetch)
+            _prefetch_task(KIND, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK, MAXSEQ, S, D,
+                           PF_CHUNKS, PF_BYTES)  # fmt: skip
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
               eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
-              BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, EVICT, INTERPRET)  # fmt: skip
+              BLOCK_G, BLOCK_GC, BLOCK_DH, EVICT, INTERPRET, WAITS, 0, 0, COUNTERS, epoch, ERR, pid, t, 0, timeout_ns,
+              TRACE, DEBUG, ONE_POLLER, SLEEP_NS, PDL, False, PRELOAD)  # fmt: skip
     else:
         alive = pid * 0 + 1
         q0, q1 = tl.load(QPTR + pid), tl.load(QPTR + pid + 1)
@@ -725,34 +756,16 @@ def decode_kernel(
                 if TRACING:
                     tl.store(TRACE + 4 * t, _now(i, 0, INTERPRET))
                     tl.store(TRACE + 4 * t + 3, pid.to(tl.int64))
-                if PREFETCH != 0:  # weights never wait: streamed to L2 before spinning (2: the queue's first task)
-                    if (i == q0) | (PREFETCH == 1):
-                        _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK,
-                                       MAXSEQ, S, D, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D,
-                                       PF_CHUNKS, PF_BYTES, PF_TILES)  # fmt: skip
-                if PREFETCH == 2:  # the next task's fields, loaded while this one waits (its prefetch issues after)
-                    tn = tl.load(QTASKS + tl.minimum(i + 1, q1 - 1)) * NF
-                    n_kind, n_layer = tl.load(TASKS + tn), tl.load(TASKS + tn + 1)
-                    n_lo, n_hi, n_split = tl.load(TASKS + tn + 2), tl.load(TASKS + tn + 3), tl.load(TASKS + tn + 4)
-                for w in range(tl.load(TASKS + t * NF + 5), tl.load(TASKS + t * NF + 6)):
-                    if alive != 0:
-                        cid = tl.load(WAITS + 2 * w)
-                        target = tl.load(WAITS + 2 * w + 1) * epoch
-                        alive = _wait(COUNTERS + cid, target, alive, ERR, pid, t, cid, timeout_ns, INTERPRET, DEBUG,
-                                      ONE_POLLER, SLEEP_NS)  # fmt: skip
+                if PREFETCH:  # weights never wait: streamed to L2 before spinning
+                    _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK, MAXSEQ, S, D,
+                                   PF_CHUNKS, PF_BYTES)  # fmt: skip
+                alive = _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
+                              MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU,
+                              BN_D, BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, EVICT, INTERPRET, WAITS,
+                              tl.load(TASKS + t * NF + 5), tl.load(TASKS + t * NF + 6), COUNTERS, epoch, ERR, pid, t,
+                              i, timeout_ns, TRACE, DEBUG, ONE_POLLER, SLEEP_NS, False, TRACING,
+                              PRELOAD)  # fmt: skip
                 if alive != 0:
-                    tl.debug_barrier()  # no warp reads before every warp has seen the counters
-                    if TRACING:
-                        tl.store(TRACE + 4 * t + 1, _now(i, 1, INTERPRET))
-                    if PREFETCH == 2:  # the next task's weights stream to L2 while this one runs
-                        if i + 1 < q1:
-                            _prefetch_task(n_kind, n_layer, n_lo, n_hi, n_split, W, KV, OFFS, position, H, INTER,
-                                           QD, HK, MAXSEQ, S, D, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
-                                           BK_D, PF_CHUNKS, PF_BYTES, PF_TILES)  # fmt: skip
-                    _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
-                          MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
-                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, GEMV_STAGES, EVICT,
-                          INTERPRET)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
                         tl.store(TRACE + 4 * t + 2, _now(i, 2, INTERPRET))
@@ -794,16 +807,15 @@ class Megakernel:
     (a wait that is not records the stuck task like the watchdog), so the interpreter checks the task bodies and the
     counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs.
 
-    Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of task weights (sm_90+):
-    "wait" (the default; or True) a task's own before its waits, "ahead" the next task's while one runs, "tiles" the
-    lines of a task's first two weight tiles into L1 before its waits (in the GEMV's load order), None off;
+    Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of a task's weights before its
+    waits (sm_90+; True, the default, or None); `preload` (default True) has the projections load their first
+    weight tile into registers before their waits (and, staged with PDL, before griddepcontrol.wait);
     `weights_evict_first` (default True) marks the GEMV weight loads L2 evict_first; `one_poller` (default True) has
     thread 0 of a CTA alone poll a counter (the others wait at a barrier; False: every thread polls); `poll_sleep_ns`
     the ceiling of the polls' nanosleep backoff (32 ns doubling; 0: none, sensible with one_poller only);
     `prefetch_bytes` what is prefetched of each weight matrix of a task (default PREFETCH_BYTES; None: all its rows);
     `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection:
-    _gemv keeps two tiles in flight; `gemv_stages` 2-4 instead has Triton software-pipeline the projections' loops
-    (gemv_stages - 1 tiles in flight through cp.async into shared memory; 0: the tiles prefetched into registers)."""
+    _gemv keeps two tiles in flight."""
 
     def __init__(
         self,
@@ -815,10 +827,10 @@ class Megakernel:
         debug: bool = False,
         timeout_s: float = 1.0,
         num_warps: int = 8,
-        prefetch: bool | str | None = "wait",
+        prefetch: bool | None = True,
         prefetch_bytes: int | None = PREFETCH_BYTES,
+        preload: bool = True,
         tile_budget: int = TILE_BUDGET,
-        gemv_stages: int = 0,
         weights_evict_first: bool = True,
         one_poller: bool = True,
         poll_sleep_ns: int = 256,
@@ -854,18 +866,16 @@ class Megakernel:
         if type(tile_budget) is not int or tile_budget < 1 or tile_budget & (tile_budget - 1):
             raise ValueError(f"megakernel: tile_budget must be a power of two (elements), got {tile_budget!r}")
         self.tile_budget = tile_budget
-        modes = {None: 0, False: 0, True: 1, "wait": 1, "ahead": 2, "tiles": 1}  # "tiles": 1 with PF_TILES
-        if not isinstance(prefetch, (str, bool, type(None))) or prefetch not in modes:
-            raise ValueError(f"megakernel: prefetch must be None, True, 'wait', 'ahead' or 'tiles', got {prefetch!r}")
+        if prefetch not in (None, False, True):
+            raise ValueError(f"megakernel: prefetch must be True or None, got {prefetch!r}")
         if type(poll_sleep_ns) is not int or not 0 <= poll_sleep_ns <= 1_000_000:
             raise ValueError(f"megakernel: poll_sleep_ns must be an int in [0, 1000000], got {poll_sleep_ns!r}")
-        for name, flag in (("weights_evict_first", weights_evict_first), ("one_poller", one_poller)):
+        flags = (("weights_evict_first", weights_evict_first), ("one_poller", one_poller), ("preload", preload))
+        for name, flag in flags:
             if type(flag) is not bool:
                 raise TypeError(f"megakernel: {name} must be a bool, got {flag!r}")
         if prefetch_bytes is not None and (type(prefetch_bytes) is not int or prefetch_bytes < 16):
             raise ValueError(f"megakernel: prefetch_bytes must be None or an int >= 16, got {prefetch_bytes!r}")
-        if type(gemv_stages) is not int or gemv_stages not in (0, 2, 3, 4):
-            raise ValueError(f"megakernel: gemv_stages must be 0, 2, 3 or 4, got {gemv_stages!r}")
         weights = [packed[f"{b}[{layer}]"] for b in WEIGHTS for layer in range(c.num_layers)]
         self.dtype = weights[0].dtype
         align = ALIGN.value
@@ -932,7 +942,7 @@ class Megakernel:
         # graph baselines) always prefetch whole tasks where they can: with PDL it is what runs before the wait
         capable = (not self.interpret and torch.cuda.get_device_capability(self.device) >= (9, 0)
                    and all(k * es % 16 == 0 for k in ks))  # fmt: skip
-        self.prefetch = modes[prefetch] if capable else 0
+        self.prefetch = int(bool(prefetch) and capable)
         pf_chunks = 32 * num_warps  # one chunk a thread
 
         def pf_bytes(nbytes: int) -> int:  # a chunk's bytes: nbytes in pf_chunks chunks, a multiple of 16
@@ -959,14 +969,13 @@ class Megakernel:
             BLOCK_DH=max(16, _pow2(c.head_dim // 2)),
             PF_CHUNKS=pf_chunks,
             PF_BYTES=pf_bytes(max_bytes if prefetch_bytes is None else min(max_bytes, prefetch_bytes)),
-            PF_TILES=2 if prefetch == "tiles" else 0,  # the two tiles _gemv keeps in flight
-            GEMV_STAGES=gemv_stages,
             EVICT="evict_first" if weights_evict_first else "",
             ONE_POLLER=one_poller,
             SLEEP_NS=poll_sleep_ns,
             INTERPRET=self.interpret,
             DEBUG=bool(debug),
             PREFETCH=self.prefetch,
+            PRELOAD=preload,
         )
         self.timeout_ns = int(timeout_s * 1e9)
         self.scalars = (c.num_layers, c.hidden, c.intermediate, c.num_kv_heads, c.max_seq, t.kv_splits, c.rms_eps,
@@ -1006,7 +1015,6 @@ class Megakernel:
             extra["launch_pdl"] = True
         if mode == STAGED:
             extra["PREFETCH"], extra["PF_BYTES"] = int(self.staged_prefetch), self.staged_pf_bytes
-            extra["PF_TILES"] = 0  # (whole tasks into L2)
         import contextlib
 
         import torch
