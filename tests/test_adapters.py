@@ -337,6 +337,54 @@ def test_torch_bound_launch_gets_each_pointer_as_its_address(monkeypatch):
 
 
 @needs_torch
+@pytest.mark.skipif(DEVICE != "cpu", reason="simulates the GPU trace path in the interpreter")
+def test_torch_traced_launch_gives_an_absent_pointer_a_tensor_of_its_own(monkeypatch):
+    """The GPU path under torch.compile (_runtime._LaunchStep.trace), run on the CPU: the launch goes to wrap_triton
+    with a fresh 1-element tensor for an absent pointer (where torch.compile cannot analyze a kernel it counts every
+    pointer as written and functionalizes each separately: a stand-in aliasing the written buffer would put its old
+    contents back) and the kernel's PDL constexpr off (a traced launch is a plain one; the gdc calls' inline asm
+    would stop that analysis)."""
+    import inspect
+    import types
+
+    import torch
+    import triton
+    import triton.language as tl
+
+    from tile_kernels.core import Plan
+    from tile_kernels.core.plan import BufferSpec, Launch
+    from tile_kernels.torch import _runtime
+
+    @triton.jit
+    def scaled(x_ptr, scale, unused_ptr, y_ptr, N: tl.constexpr, PDL: tl.constexpr = False):
+        cols = tl.arange(0, N)
+        tl.store(y_ptr + cols, tl.load(x_ptr + cols) * scale)
+
+    scaled.params = [types.SimpleNamespace(name=n, default=p.default)
+                     for n, p in inspect.signature(scaled.fn).parameters.items()]  # fmt: skip
+    launches = []
+
+    def wrap_triton(kernel):
+        return {(2, 1, 1): lambda *args, **options: launches.append((kernel, args, options))}  # [grid](...)
+
+    monkeypatch.setattr(_runtime, "_INTERPRETING", False)
+    monkeypatch.setattr(_runtime, "wrap_triton", wrap_triton)
+    launch = Launch(scaled, (2,), reads=("x", 2.0, None), writes=("y",), constexprs={"N": 8, "PDL": True}, pdl=True)
+    plan = Plan({"x": "float32"}, {"y": BufferSpec((8,), "float32")}, (launch,), ("y",))
+
+    class Traced(torch.Tensor):  # not a plain tensor: the Executor traces, as under torch.compile's fake tensors
+        pass
+
+    x = torch.randn(8).as_subclass(Traced)
+    (y,) = _runtime.Executor(plan)(x, device=torch.device("cpu"))
+    [(kernel, args, options)] = launches
+    assert kernel is scaled and options == {"N": 8, "PDL": False, "num_warps": 4, "num_stages": 2}
+    assert args[0] is x and args[1] == 2.0 and args[3] is y
+    assert args[2].numel() == 1 and args[2].untyped_storage().data_ptr() not in (
+        x.untyped_storage().data_ptr(), y.untyped_storage().data_ptr())  # fmt: skip
+
+
+@needs_torch
 def test_torch_mixed_devices_raise():
     import torch
 
