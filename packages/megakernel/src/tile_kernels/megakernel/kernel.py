@@ -4,7 +4,9 @@ launched one op at a time (the benchmark's CUDA graph + PDL baseline).
 
 Status: the whole kernel runs in Triton's interpreter on CPU (tests/test_megakernel.py) and compiles for sm_90 with
 triton 3.9 and 3.6 (the GPU path's PTX checked without a GPU); on an H200 (2026-11-29, triton 3.6) its GPU tests pass
-and `tile-kernels bench --megakernel` timed it (benchmarks/results/h200/megakernel.md).
+and `tile-kernels bench --megakernel` timed it (benchmarks/results/h200/megakernel.md). The waits inside the task
+bodies, after the first weight tile's loads (_arrive, PRELOAD; 2026-12-07), compile for sm_90 without spills (255
+registers on triton 3.6) and pass the interpreter suite; not yet run on a GPU.
 
 Launch. grid = (num_sms,), one CTA per SM, launched with Triton's `launch_cooperative_grid=True`, so that a grid larger
 than what can be co-resident fails at launch instead of spinning forever on a CTA that never starts. The schedule's
