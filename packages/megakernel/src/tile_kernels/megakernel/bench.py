@@ -160,7 +160,7 @@ def bench_shape(
         "megakernel, no L2 prefetch": lambda: variant(prefetch=None),
         "megakernel, L2 prefetch of 128 KB": lambda: variant(prefetch_bytes=131072),
         "megakernel, L2 prefetch of whole tasks": lambda: variant(prefetch_bytes=None),
-        # the projections' first two weight tiles loaded after their waits (the default: before)
+        # the projections' first weight tile loaded after their waits (the default: before)
         "megakernel, no weight preload": lambda: variant(preload=False),
         # weight loads without the L2 evict_first policy (the default marks them: read once, they leave L2 first)
         "megakernel, weights evicted normally": lambda: variant(weights_evict_first=False),
