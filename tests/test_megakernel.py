@@ -475,19 +475,17 @@ def kernel_for(config, tiling, num_sms, weights, device="cpu", fuse_combine=Fals
 @needs_interpreter
 @settings(max_examples=8)
 @given(problems(max_layers=2), st.integers(0, 2**31 - 1), st.sampled_from([16, 128, 16384]), st.booleans(),
-       st.booleans(), st.booleans())  # fmt: skip
-def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed, tile_budget, preload, evict_first,
-                                                         fuse_combine):  # fmt: skip
+       st.booleans())  # fmt: skip
+def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed, tile_budget, evict_first, fuse_combine):
     """Every task body of the kernel (grid=(1,), Triton's interpreter), in a random legal interleaving of the queues,
     writes its NaN-poisoned scratch buffers, the KV cache row and the output as the reference interpreter does; small
-    tile budgets make every GEMV loop run several (masked) tiles, as the real shapes do; the projections' first
-    tiles loaded before their waits or after, with the weight loads' L2 eviction policy or without; the COMBINE tasks
-    queued or fused into their last ATTN split."""
+    tile budgets make every GEMV loop run several (masked) tiles, as the real shapes do; with the weight loads' L2
+    eviction policy or without; the COMBINE tasks queued or fused into their last ATTN split."""
     from tile_kernels.megakernel.kernel import SCRATCH
 
     config, tiling, num_sms = problem
     weights = random_weights(config, seed, torch.float32)
-    kernel = kernel_for(config, tiling, num_sms, weights, seed=seed, tile_budget=tile_budget, preload=preload,
+    kernel = kernel_for(config, tiling, num_sms, weights, seed=seed, tile_budget=tile_budget,
                         weights_evict_first=evict_first, fuse_combine=fuse_combine)  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     cache = torch.randn(config.kv_cache_shape(), generator=gen)
@@ -661,8 +659,6 @@ def test_triton_step_bad_inputs():
     weights, tiling = random_weights(config, 0, torch.float32), step.graph.tiling
     with pytest.raises(ValueError, match="prefetch must be True or None, got 'later'"):
         kernel_for(config, tiling, 2, weights, prefetch="later")
-    with pytest.raises(TypeError, match="preload must be a bool, got 1"):
-        kernel_for(config, tiling, 2, weights, preload=1)
     with pytest.raises(TypeError, match="weights_evict_first must be a bool, got 'yes'"):
         kernel_for(config, tiling, 2, weights, weights_evict_first="yes")
     with pytest.raises(TypeError, match="one_poller must be a bool, got 1"):
@@ -674,9 +670,9 @@ def test_triton_step_bad_inputs():
 
 
 def test_the_gpu_path_compiles_for_sm90():
-    """Without a GPU: the persistent kernel (debug watchdog, L2 prefetch before each task's waits, the first weight
-    tiles preloaded; with evict_first weight loads and one poller a CTA), a staged PDL launch, a traced launch, one
-    without preloading, and every body with its int arguments specialized to 1 compile for sm_90 through ptxas, with
+    """Without a GPU: the persistent kernel (debug watchdog, L2 prefetch before each task's waits; with evict_first
+    weight loads and one poller a CTA), a staged PDL launch, a traced launch and every body with its int arguments
+    specialized to 1 compile for sm_90 through ptxas, with
     the acquire loads, nanosleep backoff, globaltimer, release signal, bulk and line L2 prefetches and griddepcontrol
     in the PTX (a subprocess: the suite's process interprets)."""
     import json
@@ -691,7 +687,6 @@ persistent = compile_ahead(meta, DEBUG=True).asm["ptx"]
 staged = compile_ahead(meta, MODE=1, KIND=3, PDL=True, PREFETCH=True).asm["ptx"]
 traced = compile_ahead(meta, TRACING=True).asm["ptx"]
 evicting = compile_ahead(meta, EVICT="evict_first", ONE_POLLER=True, SLEEP_NS=0).asm["ptx"]
-compile_ahead(meta, PRELOAD=False)
 assert "L2::evict_first" in evicting and "L2::evict_first" not in persistent, "the weight loads' eviction policy"
 assert "%tid.x" in evicting and "ld.acquire.gpu.global.b32" in evicting, "thread 0's poll loop"
 ones = dict.fromkeys(("epoch", "position", "task0", "NL", "H", "INTER", "HK", "MAXSEQ", "S"), 1)
@@ -703,8 +698,8 @@ print(json.dumps([persistent, staged, traced]))
     # Llama-3.2-1B's meta at 132 SMs and the default tile budget (16384 elements)
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, BK_O=1024, BN_GU=64, BK_GU=128, BN_D=16,
                 BK_D=1024, BLOCK_S=16, BLOCK_T=64, BLOCK_G=16, BLOCK_GC=4, BLOCK_DH=32, PF_CHUNKS=256,
-                PF_BYTES=1024, EVICT="", ONE_POLLER=True, SLEEP_NS=256, INTERPRET=False, DEBUG=False, PREFETCH=True,
-                PRELOAD=True)  # fmt: skip
+                PF_BYTES=1024, EVICT="", ONE_POLLER=True, SLEEP_NS=256, INTERPRET=False, DEBUG=False,
+                PREFETCH=True)  # fmt: skip
     # its arenas' layout: (base, stride) of x, h, qkv, att, act, ao in A, then of the 8 weight buffers in W, 16 layers
     strides = ([2048, 2048, 3072, 16 * 32 * 66, 8192, 2048],
                [2048, 2048, 3072 * 2048, 2048 * 2048, 8192 * 2048, 8192 * 2048, 2048 * 8192, 3072])  # fmt: skip
@@ -806,12 +801,11 @@ def test_gpu_trace_times_every_task():
 
 @gpu
 @pytest.mark.parametrize("shape", ["small", "llama-3.2-1b"])
-@pytest.mark.parametrize("variant", ["every thread polling", "fused combine", "no preload"])
+@pytest.mark.parametrize("variant", ["every thread polling", "fused combine"])
 def test_gpu_variants_give_the_default_steps(shape, variant):
-    """How the waits spin, when the first weight tiles load and where the COMBINE runs change nothing else: every
-    thread polling (one_poller=False; the default has thread 0 alone poll, the CTA waiting at a barrier), the first
-    tiles loaded after the waits (preload=False) and each group's COMBINE run by its last ATTN split (fuse_combine)
-    give the default's outputs and KV cache over a few steps, bit for bit."""
+    """How the waits spin and where the COMBINE runs change nothing else: every thread polling (one_poller=False;
+    the default has thread 0 alone poll, the CTA waiting at a barrier) and each group's COMBINE run by its last ATTN
+    split (fuse_combine) give the default's outputs and KV cache over a few steps, bit for bit."""
     from tile_kernels.megakernel.kernel import Megakernel
 
     if shape == "small":
@@ -825,8 +819,7 @@ def test_gpu_variants_give_the_default_steps(shape, variant):
         assert other.schedule.fused and not step.schedule.fused
     else:
         packed = pack_weights(config, layer_weights(config, weights))
-        options = dict(one_poller=False) if variant == "every thread polling" else dict(preload=False)
-        other = Megakernel(step.graph, step.schedule, packed, "cuda", **options)
+        other = Megakernel(step.graph, step.schedule, packed, "cuda", one_poller=False)
     cache_other = cache.clone()
     for position in range(60, 64):
         want, got = step(x, cache, position), other(x, cache_other, position)
@@ -883,7 +876,7 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 32, 4, 2, 8, 48))
     monkeypatch.setattr(bench, "CONTEXT", 9)
     result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path))
-    assert result["notes"] == {} and len(calls) == len(result["us"]) == 23
+    assert result["notes"] == {} and len(calls) == len(result["us"]) == 22
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})
@@ -892,5 +885,5 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     assert "## tiny, context 9: one traced megakernel step" in table and "| GATEUP | " in table
     assert (tmp_path / "tiny_9_trace.json").exists()
     # --impl: the megakernel and the implementations named by a part of their name
-    chosen = bench.bench_shape("tiny", layers=1, device="cpu", impls=["PDL", "no weight preload"])
-    assert list(chosen["us"]) == ["megakernel", "per-op, CUDA graph + PDL", "megakernel, no weight preload"]
+    chosen = bench.bench_shape("tiny", layers=1, device="cpu", impls=["PDL", "no L2 prefetch"])
+    assert list(chosen["us"]) == ["megakernel", "per-op, CUDA graph + PDL", "megakernel, no L2 prefetch"]

@@ -156,12 +156,11 @@ def bench_shape(
         "per-op, CUDA graph": lambda: _graph_us(lambda: kernel.staged(x, cache, position)),
         "per-op, CUDA graph + PDL": lambda: _graph_us(lambda: kernel.staged(x, cache, position, pdl=True)),
         # variants of the default: the L2 prefetch's worth, weight bytes in flight, warps, attention splits
-        # (the default prefetches a task's first 32 KB of each matrix to L2 before its waits)
+        # (the default prefetches a task's first 32 KB of each matrix, or of an ATTN split's K and V, to L2 before
+        # its waits)
         "megakernel, no L2 prefetch": lambda: variant(prefetch=None),
         "megakernel, L2 prefetch of 128 KB": lambda: variant(prefetch_bytes=131072),
         "megakernel, L2 prefetch of whole tasks": lambda: variant(prefetch_bytes=None),
-        # the projections' first weight tile loaded after their waits (the default: before)
-        "megakernel, no weight preload": lambda: variant(preload=False),
         # weight loads without the L2 evict_first policy (the default marks them: read once, they leave L2 first)
         "megakernel, weights evicted normally": lambda: variant(weights_evict_first=False),
         # every thread polls a counter (the default: thread 0 alone, the others wait at a barrier); the polls'

@@ -4,9 +4,9 @@ launched one op at a time (the benchmark's CUDA graph + PDL baseline).
 
 Status: the whole kernel runs in Triton's interpreter on CPU (tests/test_megakernel.py) and compiles for sm_90 with
 triton 3.9 and 3.6 (the GPU path's PTX checked without a GPU); on an H200 (2026-11-29, triton 3.6) its GPU tests pass
-and `tile-kernels bench --megakernel` timed it (benchmarks/results/h200/megakernel.md). The waits inside the task
-bodies, after the first weight tile's loads (_arrive, PRELOAD; 2026-12-07), compile for sm_90 without spills (255
-registers on triton 3.6) and pass the interpreter suite; not yet run on a GPU.
+and `tile-kernels bench --megakernel` timed it (benchmarks/results/h200/megakernel.md); on an H100 (2026-12-07) the
+GPU tests pass with the waits inside the task bodies (_arrive). The ATTN tasks' bounded K / V prefetch (PREFETCH_BYTES
+of a split's rows) compiles for sm_90 and is not yet run on a GPU.
 
 Launch. grid = (num_sms,), one CTA per SM, launched with Triton's `launch_cooperative_grid=True`, so that a grid larger
 than what can be co-resident fails at launch instead of spinning forever on a CTA that never starts. The schedule's
@@ -37,16 +37,16 @@ waits for `epoch * threshold`, so no memset sits between steps (the host zeroes 
     and KV rows written in this launch are loaded with .cg (L2, never a stale L1 line).
   Every buffer is written once per launch (graph.py), so there are only read-after-write edges: no WAR counters.
 
-Prefetch and preload. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.prefetch.L2.global`,
+Prefetch. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.prefetch.L2.global`,
 sm_90+, PF_CHUNKS chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous in the row-major matrices; the
 first PF_CHUNKS x PF_BYTES bytes of them) lets HBM stream them while the CTA waits (PREFETCH; the step is
-bandwidth-bound: Llama-3.2-1B's ~1.9 GB of bf16 weights take 475 us at the H200's measured copy speed). Then
-(PRELOAD) each projection loads its first weight tile (of each matrix: GATEUP) into registers, and only then waits
-(_arrive): its first 32 KB are in the SM when its producers are done. The
-GEMV's weight loads are marked L2 evict_first (Megakernel's weights_evict_first; read once a step, they leave L2
-before the prefetched lines, activations and KV rows). The L2 prefetch's default (Megakernel's prefetch_bytes) is the
-first PREFETCH_BYTES of each matrix: all of a task's rows measured slower (132 CTAs' prefetches overrun the 50 MB L2),
-and so did the next task's while one runs and an L1 prefetch of the first tiles' lines
+bandwidth-bound: Llama-3.2-1B's ~1.9 GB of bf16 weights take 475 us at the H200's measured copy speed); an ATTN task
+prefetches as many bytes of its split's K rows and of its V rows (line prefetches). The GEMV's weight loads are marked
+L2 evict_first (Megakernel's weights_evict_first; read once a step, they leave L2 before the prefetched lines,
+activations and KV rows). The L2 prefetch's default (Megakernel's prefetch_bytes) is the first PREFETCH_BYTES of each
+matrix: all of a task's rows measured slower (132 CTAs' prefetches overrun the 50 MB L2), and so did whole KV splits
+at long contexts, the next task's weights while one runs, an L1 prefetch of the first tiles' lines, and loading the
+first weight tile into registers before the waits measured no faster than after them
 (benchmarks/results/h200/notes.md); the per-op launches prefetch whole tasks. Never in the interpreter, before sm_90,
 or where a row is not a multiple of 16 bytes.
 
@@ -86,7 +86,7 @@ spinning, prefetch, memory ordering and cooperative launch are GPU-only (constex
 
 Staged launches (MODE=STAGED, the benchmark's per-op baseline). One launch per stage (an op of a layer), a program
 per task, KIND constexpr (one body compiled per kind), no counters; with launch_pdl each program prefetches its
-weights (and preloads its first tiles), then `griddepcontrol.wait`s for the previous launch and lets the next one
+weights, then `griddepcontrol.wait`s for the previous launch and lets the next one
 launch.
 """
 
@@ -108,11 +108,14 @@ NF = tl.constexpr(len(TASK_FIELDS))
 ALIGN = tl.constexpr(64)  # elements: every buffer's offset in its arena (128-byte lines for 16-bit weights)
 ERR_FIELDS = ("flag", "program", "task", "counter", "value", "expected")
 PERSISTENT, STAGED = 0, 1  # MODE: one program per SM walking its queue / one program per task of one stage
-ATTN_BLOCK_T = 64  # cached positions an ATTN task's loop step reads (K and V: 2 x 64 x D elements)
+# cached positions an ATTN task's loop step reads (K and V: 2 x 64 x D elements). H100, Llama-3.2-1B, us a step at
+# context 1024 / 16384: 32 -> 1030 / 1522, 64 -> 1020 / 1363, 128 -> 1067 / 1381
+ATTN_BLOCK_T = 64
 TILE_BUDGET = 16384  # elements of a weight tile (Megakernel's tile_budget): 32 KB of bf16, two in flight (_gemv)
 # bytes of each weight matrix of a task prefetched to L2 before its waits (Megakernel's prefetch_bytes). H100, context
 # 1024, us a step, none / 32 KB / 128 KB / whole tasks: Llama-3.2-1B 1217 / 1198 / 1242 / 1276 and 1090 / 1061 (a
-# second run), Llama-3-8B 6297 / 6254
+# second run), Llama-3-8B 6297 / 6254. With whole KV splits prefetched, at context 16384: none faster (1B 1244 against
+# 1363, 8B 6935 against 7452); ATTN now prefetches PREFETCH_BYTES of its K and of its V rows too
 PREFETCH_BYTES = 32768
 
 
@@ -248,14 +251,14 @@ def _gemv(W, X, lo, hi, K, w, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVIC
     at all times). The next (BLOCK_N, BLOCK_K) tile is loaded into registers, as 16-byte vectors, before the current
     one is multiplied: two tiles of Megakernel's tile_budget elements in flight, and the vector's next chunk with its
     tile (an L2 round trip for it at each iteration would bound the iteration where the weights come from L2). The
-    caller loads the first tile before the task's waits where it preloads (weights never wait). Each product tile is
+    caller loads the first tile (after the task's waits: before them measured no faster). Each product tile is
     reduced at once into a (BLOCK_N,) accumulator (in-thread adds, warp shuffles, a shared-memory step where BLOCK_K
     spans several warps), so the registers hold the two weight tiles and no tile-shaped fp32 accumulator: budget /
     (32 x num_warps) a thread for 16-bit weights (64 at 16384 elements and 8 warps).
     Limits: the whole kernel's registers (255 at 16384, the max over every body plus what is hoisted out of the queue
-    loop) spill at 32768, and with a second tile preloaded (the loop then multiplies tile k before it loads tile k +
-    2, and ptxas hoists that load: three tiles live); tasks of few rows make BLOCK_K long, so the per-tile reduction
-    crosses warps; a K not a multiple of BLOCK_K masks part of the last tile."""
+    loop) spill at 32768, and with a second tile loaded ahead of the loop (it then multiplies tile k before it loads
+    tile k + 2, and ptxas hoists that load: three tiles live); tasks of few rows make BLOCK_K long, so the per-tile
+    reduction crosses warps; a K not a multiple of BLOCK_K masks part of the last tile."""
     rows = lo + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N,), tl.float32)
@@ -366,23 +369,18 @@ def _task(
     SLEEP_NS: tl.constexpr,
     PDL: tl.constexpr,
     TRACING: tl.constexpr,
-    PRELOAD: tl.constexpr,
 ):
     """One task (graph.py's table of kinds) once what it waits for is done (_arrive: the waits WAITS[wait_lo:wait_hi],
     or the previous launch with PDL); returns alive (0: the step was aborted, the body skipped). `kind` is a constexpr
-    in staged launches (one body compiled). PRELOAD: the projections load their first weight tile before arriving
-    (_gemv)."""
+    in staged launches (one body compiled)."""
     HQ = HK * G
     QD = HQ * D
     if kind == 0:  # QKV: qkv[lo:hi] = Wqkv[lo:hi] (x r w_attn), r = rsqrt(mean(x^2) + eps), x = x[l]
         wqkv = _ptr(W, OFFS, B_WQKV, layer)
         rows = lo + tl.arange(0, BN_QKV)
-        if PRELOAD:
-            w = _wtile(wqkv, rows, hi, H, 0, BK_QKV, EVICT)
         alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
                         DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
-        if not PRELOAD:
-            w = _wtile(wqkv, rows, hi, H, 0, BK_QKV, EVICT)
+        w = _wtile(wqkv, rows, hi, H, 0, BK_QKV, EVICT)
         if alive != 0:
             r = _rms_scale(XIN, A, OFFS, B_X, layer, H, eps, BLOCK_H)
             wn = _ptr(W, OFFS, B_WAN, layer)
@@ -465,12 +463,9 @@ def _task(
     elif kind == 2:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] ao
         rows = lo + tl.arange(0, BN_O)
         wo = _ptr(W, OFFS, B_WO, layer)
-        if PRELOAD:
-            w = _wtile(wo, rows, hi, QD, 0, BK_O, EVICT)
         alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
                         DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
-        if not PRELOAD:
-            w = _wtile(wo, rows, hi, QD, 0, BK_O, EVICT)
+        w = _wtile(wo, rows, hi, QD, 0, BK_O, EVICT)
         if alive != 0:
             acc = _gemv(wo, _ptr(A, OFFS, B_AO, layer), lo, hi, QD, w, BN_O, BK_O, EVICT)
             res = _vec(XIN, A, OFFS, B_X, layer, rows, rows < hi)
@@ -479,12 +474,9 @@ def _task(
         wg = _ptr(W, OFFS, B_WG, layer)
         wu = _ptr(W, OFFS, B_WU, layer)
         rows = lo + tl.arange(0, BN_GU)
-        if PRELOAD:
-            tg, tu = _wtile(wg, rows, hi, H, 0, BK_GU, EVICT), _wtile(wu, rows, hi, H, 0, BK_GU, EVICT)
         alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
                         DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
-        if not PRELOAD:
-            tg, tu = _wtile(wg, rows, hi, H, 0, BK_GU, EVICT), _wtile(wu, rows, hi, H, 0, BK_GU, EVICT)
+        tg, tu = _wtile(wg, rows, hi, H, 0, BK_GU, EVICT), _wtile(wu, rows, hi, H, 0, BK_GU, EVICT)
         if alive != 0:
             r = _rms_scale(XIN, A, OFFS, B_H, layer, H, eps, BLOCK_H)
             wn = _ptr(W, OFFS, B_WMN, layer)
@@ -506,12 +498,9 @@ def _task(
     elif kind == 4:  # DOWN: x[l + 1][lo:hi] = h[lo:hi] + Wd[lo:hi] act (the last layer writes the step's output)
         rows = lo + tl.arange(0, BN_D)
         wd = _ptr(W, OFFS, B_WD, layer)
-        if PRELOAD:
-            w = _wtile(wd, rows, hi, INTER, 0, BK_D, EVICT)
         alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
                         DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
-        if not PRELOAD:
-            w = _wtile(wd, rows, hi, INTER, 0, BK_D, EVICT)
+        w = _wtile(wd, rows, hi, INTER, 0, BK_D, EVICT)
         if alive != 0:
             acc = _gemv(wd, _ptr(A, OFFS, B_ACT, layer), lo, hi, INTER, w, BN_D, BK_D, EVICT)
             y = tl.load(_ptr(A, OFFS, B_H, layer) + rows, mask=rows < hi, other=0.0, cache_modifier=".cg") + acc
@@ -560,10 +549,12 @@ def _prefetch_weights(Wm, lo, hi, K, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.const
 @triton.jit
 def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS: tl.constexpr, position, H, INTER, QD, HK, MAXSEQ, S,
                    D: tl.constexpr, PF_CHUNKS: tl.constexpr, PF_BYTES: tl.constexpr):  # fmt: skip
-    """Prefetch of what the task reads from HBM and no task writes: its weight rows [lo, hi) (_prefetch_weights), or
-    for ATTN its split's cached K and V rows into L2 (a line prefetch each half)."""
+    """Prefetch of what the task reads from HBM and no task writes: the first PF_CHUNKS x PF_BYTES bytes of each of
+    its weight matrices' rows [lo, hi) (_prefetch_weights), or for ATTN of its split's cached K and of its V rows, into
+    L2 (a line prefetch each half). Whole splits overran L2 at long contexts (16384: 33-67 MB a layer)."""
     if kind == 1:
         a, e = _split_range(position, S, split)
+        e = tl.minimum(e, a + PF_CHUNKS * PF_BYTES // (D * (KV.dtype.element_ty.primitive_bitwidth // 8)))
         kbase, vbase = _kv_bases(KV, layer, lo, MAXSEQ, HK, D)
         for p0 in range(a, e, PF_CHUNKS):
             p = p0 + tl.arange(0, PF_CHUNKS)
@@ -721,7 +712,6 @@ def decode_kernel(
     INTERPRET: tl.constexpr,
     DEBUG: tl.constexpr,
     PREFETCH: tl.constexpr,
-    PRELOAD: tl.constexpr,
     PDL: tl.constexpr,
     TRACING: tl.constexpr,
 ):
@@ -743,7 +733,7 @@ def decode_kernel(
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
               eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
               BLOCK_G, BLOCK_GC, BLOCK_DH, EVICT, INTERPRET, WAITS, 0, 0, COUNTERS, epoch, ERR, pid, t, 0, timeout_ns,
-              TRACE, DEBUG, ONE_POLLER, SLEEP_NS, PDL, False, PRELOAD)  # fmt: skip
+              TRACE, DEBUG, ONE_POLLER, SLEEP_NS, PDL, False)  # fmt: skip
     else:
         alive = pid * 0 + 1
         q0, q1 = tl.load(QPTR + pid), tl.load(QPTR + pid + 1)
@@ -765,8 +755,7 @@ def decode_kernel(
                               MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU,
                               BN_D, BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, EVICT, INTERPRET, WAITS,
                               tl.load(TASKS + t * NF + 5), tl.load(TASKS + t * NF + 6), COUNTERS, epoch, ERR, pid, t,
-                              i, timeout_ns, TRACE, DEBUG, ONE_POLLER, SLEEP_NS, False, TRACING,
-                              PRELOAD)  # fmt: skip
+                              i, timeout_ns, TRACE, DEBUG, ONE_POLLER, SLEEP_NS, False, TRACING)  # fmt: skip
                 if alive != 0:
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
@@ -810,14 +799,13 @@ class Megakernel:
     counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs.
 
     Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of a task's weights before its
-    waits (sm_90+; True, the default, or None); `preload` (default True) has the projections load their first
-    weight tile into registers before their waits (and, staged with PDL, before griddepcontrol.wait);
-    `weights_evict_first` (default True) marks the GEMV weight loads L2 evict_first; `one_poller` (default True) has
-    thread 0 of a CTA alone poll a counter (the others wait at a barrier; False: every thread polls); `poll_sleep_ns`
-    the ceiling of the polls' nanosleep backoff (32 ns doubling; 0: none, sensible with one_poller only);
-    `prefetch_bytes` what is prefetched of each weight matrix of a task (default PREFETCH_BYTES; None: all its rows);
-    `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection:
-    _gemv keeps two tiles in flight."""
+    waits (sm_90+; True, the default, or None); `weights_evict_first` (default True) marks the GEMV weight loads L2
+    evict_first; `one_poller` (default True) has thread 0 of a CTA alone poll a counter (the others wait at a
+    barrier; False: every thread polls); `poll_sleep_ns` the ceiling of the polls' nanosleep backoff (32 ns
+    doubling; 0: none, sensible with one_poller only); `prefetch_bytes` what is prefetched of each weight matrix of
+    a task, and of an ATTN split's K and V rows (default PREFETCH_BYTES; None: all of them); `tile_budget` (a power
+    of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection: _gemv keeps two tiles in
+    flight."""
 
     def __init__(
         self,
@@ -831,7 +819,6 @@ class Megakernel:
         num_warps: int = 8,
         prefetch: bool | None = True,
         prefetch_bytes: int | None = PREFETCH_BYTES,
-        preload: bool = True,
         tile_budget: int = TILE_BUDGET,
         weights_evict_first: bool = True,
         one_poller: bool = True,
@@ -872,7 +859,7 @@ class Megakernel:
             raise ValueError(f"megakernel: prefetch must be True or None, got {prefetch!r}")
         if type(poll_sleep_ns) is not int or not 0 <= poll_sleep_ns <= 1_000_000:
             raise ValueError(f"megakernel: poll_sleep_ns must be an int in [0, 1000000], got {poll_sleep_ns!r}")
-        flags = (("weights_evict_first", weights_evict_first), ("one_poller", one_poller), ("preload", preload))
+        flags = (("weights_evict_first", weights_evict_first), ("one_poller", one_poller))
         for name, flag in flags:
             if type(flag) is not bool:
                 raise TypeError(f"megakernel: {name} must be a bool, got {flag!r}")
@@ -977,7 +964,6 @@ class Megakernel:
             INTERPRET=self.interpret,
             DEBUG=bool(debug),
             PREFETCH=self.prefetch,
-            PRELOAD=preload,
         )
         self.timeout_ns = int(timeout_s * 1e9)
         self.scalars = (c.num_layers, c.hidden, c.intermediate, c.num_kv_heads, c.max_seq, t.kv_splits, c.rms_eps,
