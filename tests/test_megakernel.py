@@ -71,22 +71,20 @@ def random_weights(config, seed, dtype=torch.float64):
     return out
 
 
-def built(config, tiling, num_sms, fuse_combine=False):
+def built(config, tiling, num_sms):
     graph = build_graph(config, tiling)
-    return graph, schedule(graph, num_sms, fuse_combine=fuse_combine)
+    return graph, schedule(graph, num_sms)
 
 
 # ------------------------------------------------------------------------------------------------------------ checker
 
 
-@given(problems(), st.booleans())
-def test_checker_accepts_built_schedules(problem, fuse_combine):
+@given(problems())
+def test_checker_accepts_built_schedules(problem):
     config, tiling, num_sms = problem
-    graph, sched = built(config, tiling, num_sms, fuse_combine)
+    graph, sched = built(config, tiling, num_sms)
     assert find_problems(graph, sched) == []
-    assert sorted([*(t for q in sched.queues for t in q), *sched.fused]) == list(range(len(graph.tasks)))
-    combines = config.num_layers * config.num_kv_heads
-    assert [graph.tasks[f].kind for f in sched.fused] == [Kind.COMBINE] * combines * fuse_combine
+    assert sorted(t for q in sched.queues for t in q) == list(range(len(graph.tasks)))
     c, t = config, tiling
     per_layer = (
         math.ceil((c.num_heads + 2 * c.num_kv_heads) * c.head_dim / t.qkv)
@@ -99,18 +97,15 @@ def test_checker_accepts_built_schedules(problem, fuse_combine):
     assert len(graph.tasks) == c.num_layers * per_layer
 
 
-@given(problems(), st.booleans())
-def test_encoded_tables_hold_the_graph_and_the_queues(problem, fuse_combine):
-    graph, sched = built(*problem, fuse_combine)
+@given(problems())
+def test_encoded_tables_hold_the_graph_and_the_queues(problem):
+    graph, sched = built(*problem)
     enc = encode(graph, sched)
     assert enc["tasks"].dtype == enc["waits"].dtype == enc["queue_tasks"].dtype == np.int32
     for t, row in zip(graph.tasks, enc["tasks"].tolist()):
-        kind, layer, lo, hi, split, w0, w1, signal, then = row
+        kind, layer, lo, hi, split, w0, w1, signal = row
         assert (Kind(kind), layer, lo, hi, split, signal) == (t.kind, t.layer, t.lo, t.hi, t.split, t.signal)
         assert [tuple(w) for w in enc["waits"][w0:w1].tolist()] == list(t.waits)
-        # an ATTN split runs its group's COMBINE when fused (if it is the last to finish), nothing else does
-        fused = fuse_combine and t.kind == Kind.ATTN
-        assert then == (next(f for f in sched.fused if graph.tasks[f].waits[0][0] == t.signal) if fused else -1)
     ptr = enc["queue_ptr"].tolist()
     assert [tuple(enc["queue_tasks"][a:b].tolist()) for a, b in zip(ptr, ptr[1:])] == list(sched.queues)
 
@@ -213,33 +208,6 @@ def test_a_cross_queue_deadlock_is_found_and_reported_with_its_stuck_waits(probl
     ), err.value.stuck
 
 
-def test_checker_rejects_bad_fused_tasks():
-    """A fused task runs inside the producer that completes its one wait: it must be in no queue, have one wait, and
-    follow queued producers only; a queued consumer of a fused task must not precede the producers it runs after."""
-    graph, sched = built(DecoderConfig(1, 8, 2, 1, 4, 8, 4), Tiling(4, 4, 4, 4, 2), 3, fuse_combine=True)
-    assert find_problems(graph, sched) == []
-    combine = graph.tasks[sched.fused[0]]
-    qkv = next(t for t in graph.tasks if t.kind == Kind.QKV)
-    oproj = next(t for t in graph.tasks if t.kind == Kind.OPROJ)
-    without = tuple(tuple(t for t in q if t not in (qkv.id, oproj.id)) for q in sched.queues)
-    cases = {
-        "is also scheduled elsewhere": Schedule(sched.queues + ((combine.id,),), sched.fused),
-        "has 0 waits, not one": Schedule(without + ((oproj.id,),), (*sched.fused, qkv.id)),
-        "fused too": Schedule(without + ((qkv.id,),), (*sched.fused, oproj.id)),
-        f"{combine.label} is not scheduled": Schedule(sched.queues, ()),
-    }
-    for problem, bad in cases.items():
-        found = find_problems(graph, bad)
-        assert any(problem in p for p in found), (problem, found)
-    # the O projection first in the queue of an ATTN split: it waits, through the fused COMBINE, on a later task
-    attn = next(t for t in graph.tasks if t.kind == Kind.ATTN)
-    queues = [[t for t in q if t != oproj.id] for q in sched.queues]
-    home = next(q for q in queues if attn.id in q)
-    home.insert(0, oproj.id)
-    found = find_problems(graph, Schedule(tuple(map(tuple, queues)), sched.fused))
-    assert any(f"{oproj.label} waits for" in p and attn.label in p for p in found), found
-
-
 def test_checker_rejects_unscheduled_and_duplicated_tasks():
     graph, sched = built(DecoderConfig(1, 8, 2, 1, 4, 8, 4), Tiling(4, 4, 4, 4, 2), 3)
     queues = [list(q) for q in sched.queues]
@@ -253,10 +221,10 @@ def test_checker_rejects_unscheduled_and_duplicated_tasks():
 # -------------------------------------------------------------------------------------------------------- interpreter
 
 
-@given(problems(), st.integers(0, 2**31 - 1), st.sampled_from([torch.float64, torch.float32]), st.booleans())
-def test_interpreter_matches_the_eager_decode_step_over_a_growing_context(problem, seed, dtype, fuse_combine):
+@given(problems(), st.integers(0, 2**31 - 1), st.sampled_from([torch.float64, torch.float32]))
+def test_interpreter_matches_the_eager_decode_step_over_a_growing_context(problem, seed, dtype):
     config, tiling, num_sms = problem
-    graph, sched = built(config, tiling, num_sms, fuse_combine)
+    graph, sched = built(config, tiling, num_sms)
     weights = random_weights(config, seed)
     packed = pack_weights(config, layer_weights(config, weights))
     rng = random.Random(seed)
@@ -275,10 +243,10 @@ def test_interpreter_matches_the_eager_decode_step_over_a_growing_context(proble
         x = want
 
 
-@given(problems(max_layers=2), st.integers(0, 2**31 - 1), st.booleans())
-def test_every_interleaving_gives_the_same_bits(problem, seed, fuse_combine):
+@given(problems(max_layers=2), st.integers(0, 2**31 - 1))
+def test_every_interleaving_gives_the_same_bits(problem, seed):
     config, tiling, num_sms = problem
-    graph, sched = built(config, tiling, num_sms, fuse_combine)
+    graph, sched = built(config, tiling, num_sms)
     weights = random_weights(config, seed, torch.float32)
     packed = pack_weights(config, layer_weights(config, weights))
     x = torch.randn(1, config.hidden, generator=torch.Generator().manual_seed(seed))
@@ -463,30 +431,29 @@ needs_interpreter = pytest.mark.skipif(
 )
 
 
-def kernel_for(config, tiling, num_sms, weights, device="cpu", fuse_combine=False, **kw):
+def kernel_for(config, tiling, num_sms, weights, device="cpu", **kw):
     from tile_kernels.megakernel.kernel import Megakernel
 
     graph = build_graph(config, tiling)
-    sched = schedule(graph, num_sms, fuse_combine=fuse_combine)
+    sched = schedule(graph, num_sms)
     packed = pack_weights(config, layer_weights(config, weights))
     return Megakernel(graph, sched, packed, device, **kw)
 
 
 @needs_interpreter
 @settings(max_examples=8)
-@given(problems(max_layers=2), st.integers(0, 2**31 - 1), st.sampled_from([16, 128, 16384]), st.booleans(),
-       st.booleans())  # fmt: skip
-def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed, tile_budget, evict_first, fuse_combine):
+@given(problems(max_layers=2), st.integers(0, 2**31 - 1), st.sampled_from([16, 128, 16384]), st.booleans())
+def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed, tile_budget, evict_first):
     """Every task body of the kernel (grid=(1,), Triton's interpreter), in a random legal interleaving of the queues,
     writes its NaN-poisoned scratch buffers, the KV cache row and the output as the reference interpreter does; small
     tile budgets make every GEMV loop run several (masked) tiles, as the real shapes do; with the weight loads' L2
-    eviction policy or without; the COMBINE tasks queued or fused into their last ATTN split."""
+    eviction policy or without."""
     from tile_kernels.megakernel.kernel import SCRATCH
 
     config, tiling, num_sms = problem
     weights = random_weights(config, seed, torch.float32)
     kernel = kernel_for(config, tiling, num_sms, weights, seed=seed, tile_budget=tile_budget,
-                        weights_evict_first=evict_first, fuse_combine=fuse_combine)  # fmt: skip
+                        weights_evict_first=evict_first)  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     cache = torch.randn(config.kv_cache_shape(), generator=gen)
     cache_ref = cache.clone()
@@ -506,16 +473,13 @@ def test_kernel_writes_every_buffer_like_the_interpreter(problem, seed, tile_bud
 
 
 @needs_interpreter
-@pytest.mark.parametrize("fuse_combine", [False, True])
-def test_triton_step_over_a_growing_context_and_epochs(fuse_combine):
+def test_triton_step_over_a_growing_context_and_epochs():
     """build_decode_step(backend="triton") on CPU: several steps against the float64 eager step; the counters end at
-    epoch x producers after every launch (no reset between steps), and restart when int32 would wrap (a fused COMBINE
-    runs where its counter reaches epoch x splits). A 16-element tile budget makes every GEMV loop run several tiles
-    with a masked last one (the real shapes' several tiles)."""
+    epoch x producers after every launch (no reset between steps), and restart when int32 would wrap. A 16-element
+    tile budget makes every GEMV loop run several tiles with a masked last one (the real shapes' several tiles)."""
     config = DecoderConfig(2, 24, 4, 2, 6, 40, 9, rope_scaling=None)
     weights = random_weights(config, 5, torch.float32)
-    step = build_decode_step(config, weights, num_sms=3, tiling=Tiling(16, 8, 16, 8, 3), seed=1, tile_budget=16,
-                             fuse_combine=fuse_combine)  # fmt: skip
+    step = build_decode_step(config, weights, num_sms=3, tiling=Tiling(16, 8, 16, 8, 3), seed=1, tile_budget=16)
     assert step.kernel.meta["BK_QKV"] == step.kernel.meta["BK_D"] == 16 and step.kernel.meta["BK_O"] == 16
     producers = torch.tensor([len(p) for p in step.graph.producers()], dtype=torch.int32)
     gen = torch.Generator().manual_seed(5)
@@ -555,11 +519,10 @@ def test_staged_launches_match_the_persistent_kernel():
 
 
 @needs_interpreter
-@pytest.mark.parametrize("fuse_combine", [False, True])
-def test_a_traced_step_records_every_task_in_a_legal_order(tmp_path, fuse_combine):
+def test_a_traced_step_records_every_task_in_a_legal_order(tmp_path):
     """step.trace(): the same hidden and cache as an untraced step; every task gets wait <= run < end on its program
     (the interpreter's logical clock: queue order), each wait met by enough of its counter's producers ended before
-    the task ran (a fused COMBINE too); the Chrome trace holds one body event a task on its program's thread; the
+    the task ran; the Chrome trace holds one body event a task on its program's thread; the
     table a row per kind."""
     import json
 
@@ -567,8 +530,7 @@ def test_a_traced_step_records_every_task_in_a_legal_order(tmp_path, fuse_combin
 
     config = DecoderConfig(2, 20, 6, 2, 4, 36, 7)
     weights = random_weights(config, 3, torch.float32)
-    step = build_decode_step(config, weights, num_sms=4, tiling=Tiling(16, 8, 12, 8, 2), seed=2,
-                             fuse_combine=fuse_combine)  # fmt: skip
+    step = build_decode_step(config, weights, num_sms=4, tiling=Tiling(16, 8, 12, 8, 2), seed=2)
     cache = torch.randn(config.kv_cache_shape(), generator=torch.Generator().manual_seed(3))
     cache2 = cache.clone()
     x = torch.randn(1, config.hidden)
@@ -594,8 +556,7 @@ def test_a_traced_step_records_every_task_in_a_legal_order(tmp_path, fuse_combin
     with pytest.raises(ValueError, match="needs backend='triton'"):
         build_decode_step(config, weights, backend="interpreter").trace(x, cache, 5)
     # the trace balances a rebuilt step's queues (the same graph), which computes the same step
-    rebuilt = build_decode_step(config, weights, num_sms=4, tiling=Tiling(16, 8, 12, 8, 2), seed=2, task_costs=trace,
-                                fuse_combine=fuse_combine)  # fmt: skip
+    rebuilt = build_decode_step(config, weights, num_sms=4, tiling=Tiling(16, 8, 12, 8, 2), seed=2, task_costs=trace)
     torch.testing.assert_close(rebuilt(x, cache.clone(), 5), want)
     with pytest.raises(ValueError, match="task_costs is the trace of another graph"):
         build_decode_step(config, weights, num_sms=4, tiling=Tiling(8, 8, 12, 8, 2), task_costs=trace)
@@ -654,8 +615,6 @@ def test_triton_step_bad_inputs():
         build_decode_step(config, random_weights(config, 0, torch.float32), timeout_s=0)
     with pytest.raises(ValueError, match="tile_budget must be a power of two"):
         build_decode_step(config, random_weights(config, 0, torch.float32), tile_budget=3000)
-    with pytest.raises(TypeError, match="fuse_combine must be a bool, got 1"):
-        build_decode_step(config, random_weights(config, 0, torch.float32), fuse_combine=1)
     weights, tiling = random_weights(config, 0, torch.float32), step.graph.tiling
     with pytest.raises(ValueError, match="prefetch must be True or None, got 'later'"):
         kernel_for(config, tiling, 2, weights, prefetch="later")
@@ -715,7 +674,6 @@ print(json.dumps([persistent, staged, traced]))
         assert needle in persistent, needle
     # the release signal: a red (triton 3.9) or an atom whose result goes unused (triton 3.6)
     assert re.search(r"\b(red|atom)\.global\.gpu\.release\.add\.u32", persistent), "release add"
-    assert re.search(r"\batom\.global\.gpu\.acq_rel\.add\.u32", persistent), "a fused task's runner's add"
     # the weight tiles load as 16-byte vectors (a 2-byte load an element would cut the bandwidth several times; the
     # few 2-byte loads are the bf16 input's, the norm weights' chunks and the q / k / v bias rows, about one element a
     # thread)
@@ -801,11 +759,10 @@ def test_gpu_trace_times_every_task():
 
 @gpu
 @pytest.mark.parametrize("shape", ["small", "llama-3.2-1b"])
-@pytest.mark.parametrize("variant", ["every thread polling", "fused combine"])
-def test_gpu_variants_give_the_default_steps(shape, variant):
-    """How the waits spin and where the COMBINE runs change nothing else: every thread polling (one_poller=False;
-    the default has thread 0 alone poll, the CTA waiting at a barrier) and each group's COMBINE run by its last ATTN
-    split (fuse_combine) give the default's outputs and KV cache over a few steps, bit for bit."""
+def test_gpu_every_thread_polling_gives_the_default_steps(shape):
+    """How the waits spin changes nothing else: every thread polling (one_poller=False; the default has thread 0
+    alone poll, the CTA waiting at a barrier) gives the default's outputs and KV cache over a few steps, bit for
+    bit."""
     from tile_kernels.megakernel.kernel import Megakernel
 
     if shape == "small":
@@ -814,12 +771,8 @@ def test_gpu_variants_give_the_default_steps(shape, variant):
         config = DecoderConfig.from_hf(LLAMA_3_2_1B, max_seq=128)
     weights, cache, x = bf16_problem(config, 5)
     step = build_decode_step(config, weights, context_hint=64)
-    if variant == "fused combine":
-        other = build_decode_step(config, weights, context_hint=64, fuse_combine=True)
-        assert other.schedule.fused and not step.schedule.fused
-    else:
-        packed = pack_weights(config, layer_weights(config, weights))
-        other = Megakernel(step.graph, step.schedule, packed, "cuda", one_poller=False)
+    packed = pack_weights(config, layer_weights(config, weights))
+    other = Megakernel(step.graph, step.schedule, packed, "cuda", one_poller=False)
     cache_other = cache.clone()
     for position in range(60, 64):
         want, got = step(x, cache, position), other(x, cache_other, position)
@@ -827,9 +780,6 @@ def test_gpu_variants_give_the_default_steps(shape, variant):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         x = want
     torch.testing.assert_close(cache_other, cache, rtol=0, atol=0)
-    if variant == "fused combine":  # the fused tasks traced by the splits that ran them
-        _, trace = other.trace(x, cache_other, 64)
-        assert (trace.times[:, 1] >= 0).all() and (trace.times[:, 2] >= trace.times[:, 1]).all()
 
 
 @gpu
@@ -876,7 +826,7 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 32, 4, 2, 8, 48))
     monkeypatch.setattr(bench, "CONTEXT", 9)
     result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path))
-    assert result["notes"] == {} and len(calls) == len(result["us"]) == 22
+    assert result["notes"] == {} and len(calls) == len(result["us"]) == 21
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})

@@ -89,7 +89,6 @@ def build_decode_step(
     timeout_s: float = 1.0,
     tile_budget: int | None = None,
     task_costs=None,
-    fuse_combine: bool = False,
 ) -> DecodeStep:
     """Builds the task graph, schedules it on `num_sms` queues (default: the GPU's SM count, or 132 on a CPU), checks
     the schedule, and returns the step. `tiling` defaults to Tiling.auto; `context_hint` (default max_seq) only
@@ -102,8 +101,7 @@ def build_decode_step(
     RuntimeError naming the stuck task and counter (each call then synchronizes). `tile_budget` (default
     kernel.TILE_BUDGET) is the elements of a GEMV weight tile (Megakernel).
     `task_costs`: a Trace of a step built with the same arguments (or its costs_ns()): the queues balanced by measured
-    run times instead of estimated bytes. `fuse_combine`: each group's COMBINE run by its last ATTN split to finish,
-    in no queue (schedule.py).
+    run times instead of estimated bytes.
     backend="interpreter": the reference interpreter of the same graph and schedule (CPU tensors)."""
     if backend not in BACKENDS:
         raise ValueError(f"build_decode_step: backend must be one of {BACKENDS}, got {backend!r}")
@@ -137,9 +135,7 @@ def build_decode_step(
         if [t.label for t in task_costs.graph.tasks] != [t.label for t in graph.tasks]:
             raise ValueError("build_decode_step: task_costs is the trace of another graph (other config or tiling)")
         task_costs = task_costs.costs_ns()
-    if type(fuse_combine) is not bool:
-        raise TypeError(f"build_decode_step: fuse_combine must be a bool, got {fuse_combine!r}")
-    sched = schedule(graph, num_sms, costs_ns=task_costs, fuse_combine=fuse_combine)
+    sched = schedule(graph, num_sms, costs_ns=task_costs)
     check_schedule(graph, sched)
     packed = pack_weights(config, layers)
     kernel = None

@@ -135,13 +135,12 @@ def bench_shape(
     def variant(**options):
         """The megakernel with other launch options or tiling, timed over back-to-back launches."""
         tiling, costs = options.pop("tiling", None), options.pop("costs_ns", None)
-        fuse = options.pop("fuse_combine", False)
         graph, sched = step.graph, step.schedule
-        if tiling is not None or costs is not None or fuse:
+        if tiling is not None or costs is not None:
             graph = graph if tiling is None else build_graph(config, tiling, context)
-            sched = schedule(graph, kernel.grid[0], costs_ns=costs, fuse_combine=fuse)
+            sched = schedule(graph, kernel.grid[0], costs_ns=costs)
             check_schedule(graph, sched)
-        label = str(options or tiling or ("fused COMBINE" if fuse else "queues by traced cost"))
+        label = str(options or tiling or "queues by traced cost")
         k = checked(label, Megakernel(graph, sched, packed, device, **options))
         return _events_us(lambda: k(x, cache, position))
 
@@ -178,8 +177,6 @@ def bench_shape(
         "megakernel, 8 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=8)),
         # QKV tiles of 24 rows (Tiling.auto rounds to 16: 32 rows, 96 tasks on 1B's 132 SMs): 128 shorter tasks
         "megakernel, 24-row QKV tiles": lambda: variant(tiling=replace(step.graph.tiling, qkv=24)),
-        # each group's COMBINE run by its last ATTN split to finish (no hop, no queue slot)
-        "megakernel, COMBINE fused into ATTN": lambda: variant(fuse_combine=True),
         # O-projection tiles of 4x the rows: fewer, longer GEMV tasks
         "megakernel, 4x O rows": lambda: variant(tiling=replace(step.graph.tiling, o=4 * step.graph.tiling.o)),
         # the queues balanced by the traced run time of each task instead of its estimated bytes

@@ -1,7 +1,6 @@
 """Schedule checker: every property the persistent kernel relies on to finish and to read only finished data.
 
-1. every task is scheduled exactly once (in a queue, or fused: one wait, on a counter that only queued tasks signal
-   and no other fused task waits on); counters and task ids are in range;
+1. every task is scheduled exactly once; counters and task ids are in range;
 2. each wait's threshold equals the number of tasks that signal its counter (and that number is > 0);
 3. the task graph (producer -> consumer through counters) is acyclic;
 4. no queue waits on a counter that a task at the same or a later position of the same queue signals;
@@ -33,16 +32,14 @@ def check_schedule(graph: TaskGraph, sched: Schedule) -> None:
         raise ScheduleError(problems)
 
 
-def run_queues(graph: TaskGraph, queues, pick=None, fused=()) -> tuple[list[int], list[tuple[int, int]]]:
+def run_queues(graph: TaskGraph, queues, pick=None) -> tuple[list[int], list[tuple[int, int]]]:
     """Executes the queues abstractly: repeatedly runs a head whose waits are met (`pick(runnable queue ids)` chooses,
-    default the lowest), and a fused task right after the task whose signal meets its wait. Returns (the order in
-    which tasks ran, [(queue, stuck head task id)] when it could not finish). Shared by the checker and the
-    interpreter."""
+    default the lowest). Returns (the order in which tasks ran, [(queue, stuck head task id)] when it could not
+    finish). Shared by the checker and the interpreter."""
     value = [0] * len(graph.counters)
     pos = [0] * len(queues)
     blocked: dict[int, list[int]] = {}  # counter -> queues whose head waits on it
     runnable = set()
-    after = {graph.tasks[f].waits[0]: f for f in fused}  # (counter, threshold) -> the fused task it completes
 
     def park(q: int) -> None:
         if pos[q] == len(queues[q]):
@@ -60,14 +57,11 @@ def run_queues(graph: TaskGraph, queues, pick=None, fused=()) -> tuple[list[int]
         q = pick(sorted(runnable)) if pick else min(runnable)
         runnable.discard(q)
         task = graph.tasks[queues[q][pos[q]]]
+        order.append(task.id)
         pos[q] += 1
-        while task is not None:
-            order.append(task.id)
-            value[task.signal] += 1
-            for waiter in blocked.pop(task.signal, []):
-                park(waiter)
-            fused_id = after.get((task.signal, value[task.signal]))
-            task = graph.tasks[fused_id] if fused_id is not None else None
+        value[task.signal] += 1
+        for waiter in blocked.pop(task.signal, []):
+            park(waiter)
         park(q)
     stuck = [(q, queues[q][pos[q]]) for q in range(len(queues)) if pos[q] < len(queues[q])]
     return order, stuck
@@ -97,29 +91,14 @@ def find_problems(graph: TaskGraph, sched: Schedule) -> list[str]:
                 problems.append(f"queue {q}[{i}]: {tasks[tid].label} already scheduled at queue {seen[tid][0]}")
             else:
                 seen[tid] = (q, i)
-    producers = graph.producers()
-    fused = set()
-    for f in sched.fused:
-        if not 0 <= f < len(tasks):
-            problems.append(f"fused: unknown task id {f}")
-        elif f in seen or f in fused:
-            problems.append(f"fused: {tasks[f].label} is also scheduled elsewhere")
-        elif len(tasks[f].waits) != 1:
-            problems.append(f"fused: {tasks[f].label} has {len(tasks[f].waits)} waits, not one")
-        else:
-            fused.add(f)
-    fed = [tasks[f].waits[0][0] for f in fused]
-    if len(set(fed)) < len(fed):
-        problems.append("fused: a counter completes more than one fused task")
-    problems += [f"fused: {tasks[f].label} waits for {tasks[p].label}, fused too"
-                 for f in fused for p in producers[tasks[f].waits[0][0]] if p in fused]  # fmt: skip
-    problems += [f"{t.label} is not scheduled" for t in tasks if t.id not in seen and t.id not in fused]
+    problems += [f"{t.label} is not scheduled" for t in tasks if t.id not in seen]
     for t in tasks:
         bad = [c for c, _ in t.waits if not 0 <= c < ncounters] + ([t.signal] if not 0 <= t.signal < ncounters else [])
         problems += [f"{t.label}: unknown counter {c}" for c in bad]
     if problems:
         return problems
     # 2. thresholds
+    producers = graph.producers()
     for t in tasks:
         for c, threshold in t.waits:
             if threshold != len(producers[c]) or threshold < 1:
@@ -145,12 +124,11 @@ def find_problems(graph: TaskGraph, sched: Schedule) -> list[str]:
     if len(topo) < len(tasks):
         cyclic = [tasks[i].label for i in range(len(tasks)) if indegree[i] > 0]
         problems.append(f"the task graph has a cycle through {len(cyclic)} tasks, e.g. {cyclic[:5]}")
-    # 4. queue order (a fused producer runs where its own wait's producers do)
+    # 4. queue order
     for q, queue in enumerate(sched.queues):
         for i, tid in enumerate(queue):
             for c, _ in tasks[tid].waits:
-                queued = [r for p in producers[c] for r in (producers[tasks[p].waits[0][0]] if p in fused else [p])]
-                for p in queued:
+                for p in producers[c]:
                     pq, pi = seen[p]
                     if pq == q and pi >= i:
                         problems.append(
@@ -158,7 +136,7 @@ def find_problems(graph: TaskGraph, sched: Schedule) -> list[str]:
                             f"{tasks[p].label} signals later in the same queue (position {pi})"
                         )
     # 5. the queues finish
-    order, stuck = run_queues(graph, sched.queues, fused=sched.fused)
+    order, stuck = run_queues(graph, sched.queues)
     if stuck:
         problems += ["deadlock: " + s for s in describe_stuck(graph, order, stuck)]
     if len(topo) == len(tasks):

@@ -94,7 +94,7 @@ def interpret(
         raise ValueError(f"interpret: needs CPU tensors, got hidden on {hidden.device}, kv_cache on {kv_cache.device}")
     if isinstance(rng, int):
         rng = random.Random(rng)
-    order, stuck = run_queues(graph, sched.queues, pick=rng.choice if rng is not None else None, fused=sched.fused)
+    order, stuck = run_queues(graph, sched.queues, pick=rng.choice if rng is not None else None)
     if stuck:
         raise DeadlockError(describe_stuck(graph, order, stuck))
     bufs = {name: torch.full((size,), torch.nan, dtype=dtype) for name, size in graph.buffers.items()}

@@ -12,8 +12,8 @@ Launch. grid = (num_sms,), one CTA per SM, launched with Triton's `launch_cooper
 than what can be co-resident fails at launch instead of spinning forever on a CTA that never starts. The schedule's
 deadlock-freedom (check.py, rule 5) assumes every queue runs concurrently; the cooperative launch guarantees that.
 
-Task encoding. schedule.encode gives int32 tables, copied to the device once per build: `tasks` (num_tasks, 9) = (kind,
-layer, lo, hi, split, wait_begin, wait_end, signal, then), `waits` (num_waits, 2) = (counter, threshold), and the queues
+Task encoding. schedule.encode gives int32 tables, copied to the device once per build: `tasks` (num_tasks, 8) = (kind,
+layer, lo, hi, split, wait_begin, wait_end, signal), `waits` (num_waits, 2) = (counter, threshold), and the queues
 in CSR form (`queue_ptr`, `queue_tasks`). Buffer addresses are not in the table: each kind derives them from (layer, lo,
 hi, split) and the constexpr layout OFFS ((base, stride) of each buffer kind: layer l at base + l stride) of two arenas,
 W (weights, model dtype) and A (activations, float32), plus the KV cache tensor itself, as interpret._run_task does with
@@ -25,10 +25,6 @@ Counter protocol. `counters` is an int32 array, zeroed once at allocation and ne
 waits for `epoch * threshold`, so no memset sits between steps (the host zeroes it again before int32 would wrap).
   producer: the tile's global stores -> CTA barrier (tl.debug_barrier: every warp's stores issued) -> one thread does
     `red.release.gpu.add` (tl.atomic_add(counter, 1, sem="release", scope="gpu") on a scalar) -> next task.
-  fused (Schedule.fused, `then` >= 0: the COMBINE of an ATTN task's group): the producer's add is
-    `atom.acq_rel.gpu.add` (one thread's, its old value broadcast to the CTA); the producer that brings the counter to
-    the fused task's target has acquired every other producer's release, runs the fused body after a CTA barrier,
-    then signals the fused task's counter as a producer does.
   consumer: for each wait, thread 0 spins on an acquire load, `ld.acquire.gpu.global.b32`, with `nanosleep.u32
     32..256` backoff between polls, a loop inside one tl.inline_asm_elementwise (Triton's own loops are CTA-uniform;
     a scalar tl.atomic_add(..., sem="acquire") in a loop emits a bar.sync per iteration, triton#7125), or
@@ -574,10 +570,10 @@ def _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS: tl.constexpr, positi
 
 @triton.jit
 def _now(i, phase: tl.constexpr, INTERPRET: tl.constexpr):
-    """A trace timestamp: %globaltimer (ns) on the GPU; in the interpreter a logical clock, 6 ticks a queue entry in
-    order (wait, run, end; then a fused task's 3), which checks the trace's bookkeeping and format, not time."""
+    """A trace timestamp: %globaltimer (ns) on the GPU; in the interpreter a logical clock, 3 ticks a queue entry in
+    order (wait, run, end), which checks the trace's bookkeeping and format, not time."""
     if INTERPRET:
-        return tl.full([], 6 * i + phase, tl.int64)
+        return tl.full([], 3 * i + phase, tl.int64)
     else:
         return _globaltimer()
 
@@ -760,24 +756,7 @@ def decode_kernel(
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
                         tl.store(TRACE + 4 * t + 2, _now(i, 2, INTERPRET))
-                    sig = tl.load(TASKS + t * NF + 7)
-                    f = tl.load(TASKS + t * NF + 8)  # the fused task this one may complete (a COMBINE), or -1
-                    if f < 0:
-                        tl.atomic_add(COUNTERS + sig, 1, sem="release", scope="gpu")
-                    else:  # the last producer to arrive runs it: its acquire sees every other producer's stores
-                        old = tl.atomic_add(COUNTERS + sig, 1, sem="acq_rel", scope="gpu")
-                        if old + 1 == tl.load(WAITS + 2 * tl.load(TASKS + f * NF + 5) + 1) * epoch:
-                            tl.debug_barrier()  # no warp reads before the acquire
-                            if TRACING:
-                                tl.store(TRACE + 4 * f, _now(i, 3, INTERPRET))
-                                tl.store(TRACE + 4 * f + 1, _now(i, 4, INTERPRET))
-                                tl.store(TRACE + 4 * f + 3, pid.to(tl.int64))
-                            _combine(A, OFFS, tl.load(TASKS + f * NF + 1), tl.load(TASKS + f * NF + 2), S, HK * G, G,
-                                     D, BLOCK_S, BLOCK_GC, BLOCK_DH)  # fmt: skip
-                            tl.debug_barrier()
-                            if TRACING:
-                                tl.store(TRACE + 4 * f + 2, _now(i, 5, INTERPRET))
-                            tl.atomic_add(COUNTERS + tl.load(TASKS + f * NF + 7), 1, sem="release", scope="gpu")
+                    tl.atomic_add(COUNTERS + tl.load(TASKS + t * NF + 7), 1, sem="release", scope="gpu")
 
 
 # ------------------------------------------------------------------------------------------------------------- host
@@ -889,10 +868,10 @@ class Megakernel:
         self.rope = torch.stack([angle.cos(), angle.sin()]).to(torch.float32).reshape(-1).to(self.device)
         if self.interpret:  # one queue: a legal interleaving, then whatever could not run (the kernel reports it)
             pick = random.Random(seed).choice if seed is not None else None
-            order, stuck = run_queues(graph, sched.queues, pick=pick, fused=sched.fused)
+            order, stuck = run_queues(graph, sched.queues, pick=pick)
             done = set(order)
             rest = [tid for q, _ in stuck for tid in sched.queues[q] if tid not in done]
-            queues = Schedule((tuple(tid for tid in order + rest if tid not in sched.fused),), sched.fused)
+            queues = Schedule((tuple(order + rest),))
         else:
             queues = sched
         enc = encode(graph, queues)

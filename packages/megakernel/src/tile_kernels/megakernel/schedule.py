@@ -4,24 +4,18 @@ List scheduling in the graph's topological order: each task goes to the SM where
 max(the SM's estimated finish, the latest estimated finish of its producers), its cost `overhead_ns + bytes /
 sm_bandwidth`, or its measured run time (a Trace's `costs_ns`: what the bytes do not say, e.g. attention tasks
 bound by latency). Each queue is a subsequence of one global topological order, so with every SM resident at once
-(cooperative launch) the queues cannot deadlock; check.py verifies that instead of trusting it.
-
-Fused tasks (`fuse_combine`: the COMBINE tasks) are in no queue: the producer whose signal brings the fused task's
-one wait to its threshold, the last ATTN split of the group to finish, runs it right after itself (its atomic
-add acquire-release, so it sees the other splits' partials), which saves the combine its own hop: a poll of the
-counter and a place in some SM's queue."""
+(cooperative launch) the queues cannot deadlock; check.py verifies that instead of trusting it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .graph import Kind, TaskGraph
+from .graph import TaskGraph
 
 
 @dataclass(frozen=True)
 class Schedule:
     queues: tuple[tuple[int, ...], ...]  # SM -> task ids in execution order
-    fused: tuple[int, ...] = ()  # task ids in no queue: each run by the producer that completes its one wait
     est_finish_ns: float = 0.0  # the list scheduler's makespan estimate
 
     @property
@@ -35,12 +29,10 @@ def schedule(
     sm_bandwidth: float = 4.8e12 / 132,
     overhead_ns: float = 300.0,
     costs_ns=None,
-    fuse_combine: bool = False,
 ) -> Schedule:
     """`sm_bandwidth` (bytes/s one SM streams; default: an H200's HBM shared by 132 SMs) and `overhead_ns` (per task:
     launch of the tile, waits, signal) only shape the balance; `costs_ns` (one number a task, by id, e.g.
-    Trace.costs_ns() of a traced step of the same graph) replaces the bytes model with measured run times.
-    `fuse_combine`: the COMBINE tasks fused into the ATTN splits they wait for (the module's docstring)."""
+    Trace.costs_ns() of a traced step of the same graph) replaces the bytes model with measured run times."""
     if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
         raise ValueError(f"schedule: num_sms must be an int >= 1, got {num_sms!r}")
     if costs_ns is not None:
@@ -53,49 +45,34 @@ def schedule(
     free = [0.0] * num_sms
     queues: list[list[int]] = [[] for _ in range(num_sms)]
     done = [0] * len(graph.counters)
-    fused = []
     for task in graph.tasks:
         for cid, _ in task.waits:
             if done[cid] != len(producers[cid]):
                 raise ValueError(f"schedule: the graph is not in topological order at {task.label}")
         ready = max((counter_ready[cid] for cid, _ in task.waits), default=0.0)
+        sm = min(range(num_sms), key=lambda i: (max(free[i], ready), free[i]))
         cost = costs_ns[task.id] if costs_ns is not None else overhead_ns + task.bytes / sm_bandwidth * 1e9
-        if fuse_combine and task.kind == Kind.COMBINE:  # run where its last split finishes, at `ready`
-            fused.append(task.id)
-            finish = ready + cost
-        else:
-            sm = min(range(num_sms), key=lambda i: (max(free[i], ready), free[i]))
-            free[sm] = finish = max(free[sm], ready) + cost
-            queues[sm].append(task.id)
-        counter_ready[task.signal] = max(counter_ready[task.signal], finish)
+        free[sm] = max(free[sm], ready) + cost
+        queues[sm].append(task.id)
+        counter_ready[task.signal] = max(counter_ready[task.signal], free[sm])
         done[task.signal] += 1
-    est = max([*free, *counter_ready])
-    return Schedule(queues=tuple(tuple(q) for q in queues), fused=tuple(fused), est_finish_ns=est)
+    return Schedule(queues=tuple(tuple(q) for q in queues), est_finish_ns=max(free))
 
 
-TASK_FIELDS = ("kind", "layer", "lo", "hi", "split", "wait_begin", "wait_end", "signal", "then")
-
-
-def fused_after(graph: TaskGraph, sched: Schedule) -> dict[int, int]:
-    """Task id -> the fused task it runs when its signal completes that task's one wait."""
-    producers = graph.producers()
-    return {p: f for f in sched.fused for cid, _ in graph.tasks[f].waits for p in producers[cid]}
+TASK_FIELDS = ("kind", "layer", "lo", "hi", "split", "wait_begin", "wait_end", "signal")
 
 
 def encode(graph: TaskGraph, sched: Schedule) -> dict:
     """The int32 tables the persistent kernel reads (NumPy; the launcher copies them to the GPU once per build):
-    tasks (num_tasks, 9) with columns TASK_FIELDS (`then`: the fused task a task runs after itself when its signal
-    completes that task's wait, -1 for none), waits (num_waits, 2) = (counter, threshold) rows tasks[:, 5]:tasks[:, 6]
-    of each task, queue_ptr (num_sms + 1,) and queue_tasks: SM i runs queue_tasks[queue_ptr[i]:queue_ptr[i + 1]] in
-    order."""
+    tasks (num_tasks, 8) with columns TASK_FIELDS, waits (num_waits, 2) = (counter, threshold) rows
+    tasks[:, 5]:tasks[:, 6] of each task, queue_ptr (num_sms + 1,) and queue_tasks: SM i runs
+    queue_tasks[queue_ptr[i]:queue_ptr[i + 1]] in order."""
     import numpy as np
 
     tasks = np.zeros((len(graph.tasks), len(TASK_FIELDS)), np.int32)
     waits = []
-    then = fused_after(graph, sched)
     for t in graph.tasks:
-        tasks[t.id] = (int(t.kind), t.layer, t.lo, t.hi, t.split, len(waits), len(waits) + len(t.waits), t.signal,
-                       then.get(t.id, -1))  # fmt: skip
+        tasks[t.id] = (int(t.kind), t.layer, t.lo, t.hi, t.split, len(waits), len(waits) + len(t.waits), t.signal)
         waits += t.waits
     lengths = [len(q) for q in sched.queues]
     return {
