@@ -33,18 +33,18 @@ waits for `epoch * threshold`, so no memset sits between steps (the host zeroes 
     and KV rows written in this launch are loaded with .cg (L2, never a stale L1 line).
   Every buffer is written once per launch (graph.py), so there are only read-after-write edges: no WAR counters.
 
-Prefetch. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.prefetch.L2.global`,
-sm_90+, PF_CHUNKS chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous in the row-major matrices; the
-first PF_CHUNKS x PF_BYTES bytes of them) lets HBM stream them while the CTA waits (PREFETCH; the step is
-bandwidth-bound: Llama-3.2-1B's ~1.9 GB of bf16 weights take 475 us at the H200's measured copy speed); an ATTN task
-prefetches as many bytes of its split's K rows and of its V rows (line prefetches). The GEMV's weight loads are marked
-L2 evict_first (Megakernel's weights_evict_first; read once a step, they leave L2 before the prefetched lines,
-activations and KV rows). The L2 prefetch's default (Megakernel's prefetch_bytes) is the first PREFETCH_BYTES of each
-matrix: all of a task's rows measured slower (132 CTAs' prefetches overrun the 50 MB L2), and so did whole KV splits
-at long contexts, the next task's weights while one runs, an L1 prefetch of the first tiles' lines, and loading the
-first weight tile into registers before the waits measured no faster than after them
-(benchmarks/results/h200/notes.md); the per-op launches prefetch whole tasks. Never in the interpreter, before sm_90,
-or where a row is not a multiple of 16 bytes.
+Prefetch. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.prefetch.L2.global`, sm_90+, PF_CHUNKS
+chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous in the row-major matrices; the first PF_CHUNKS x
+PF_BYTES bytes of them) lets HBM stream them while the CTA waits (PREFETCH; the step is bandwidth-bound: Llama-3.2-1B's
+~1.9 GB of bf16 weights take 475 us at the H200's measured copy speed); an ATTN task prefetches as many bytes of its
+split's K rows and of its V rows (line prefetches). The GEMV's weight loads are marked L2 evict_first (Megakernel's
+weights_evict_first; read once a step, they leave L2 before the prefetched lines, activations and KV rows). The L2
+prefetch's default (Megakernel's prefetch_bytes) is the first PREFETCH_BYTES of each matrix: all of a task's rows
+measured slower (132 CTAs' prefetches overrun the 50 MB L2), and so did whole KV splits at long contexts, the next
+task's weights while one runs, an L1 prefetch of the first tiles' lines, and loading the first weight tile into
+registers before the waits measured no faster than after them (benchmarks/results/h200/notes.md); the per-op launches
+prefetch whole weight tasks (an ATTN split: as many bytes of its K and of its V rows as the largest weight task has).
+Never in the interpreter, before sm_90, or where a row is not a multiple of 16 bytes.
 
 Task bodies (batch 1, fp32 accumulation, activations fp32 scratch, weights and KV cache in the model dtype):
   QKV / OPROJ / GATEUP / DOWN  GEMV tiles: rows [lo, hi) of W times a vector, K streamed in (BN, BK) weight tiles of
@@ -777,14 +777,14 @@ class Megakernel:
     (a wait that is not records the stuck task like the watchdog), so the interpreter checks the task bodies and the
     counter bookkeeping, not the spinning, prefetch and memory ordering, which only the GPU runs.
 
-    Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of a task's weights before its
-    waits (sm_90+; True, the default, or None); `weights_evict_first` (default True) marks the GEMV weight loads L2
-    evict_first; `one_poller` (default True) has thread 0 of a CTA alone poll a counter (the others wait at a
-    barrier; False: every thread polls); `poll_sleep_ns` the ceiling of the polls' nanosleep backoff (32 ns
-    doubling; 0: none, sensible with one_poller only); `prefetch_bytes` what is prefetched of each weight matrix of
-    a task, and of an ATTN split's K and V rows (default PREFETCH_BYTES; None: all of them); `tile_budget` (a power
-    of two) the elements of a GEMV weight tile, which set the BLOCK_K of every projection: _gemv keeps two tiles in
-    flight."""
+    Launch options: `num_warps` a CTA; `prefetch` the persistent kernel's L2 prefetch of a task's weights (ATTN: its
+    split's K / V rows) before its waits (sm_90+; True, the default, or None); `weights_evict_first` (default True)
+    marks the GEMV weight loads L2 evict_first; `one_poller` (default True) has thread 0 of a CTA alone poll a counter
+    (the others wait at a barrier; False: every thread polls); `poll_sleep_ns` the ceiling of the polls' nanosleep
+    backoff (32 ns doubling; 0: none, sensible with one_poller only); `prefetch_bytes` what is prefetched of each weight
+    matrix of a task, and of an ATTN split's K and of its V rows (default PREFETCH_BYTES; None: all of a weight task, as
+    many bytes of a split); `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of
+    every projection: _gemv keeps two tiles in flight."""
 
     def __init__(
         self,
@@ -907,7 +907,7 @@ class Megakernel:
             min(t.down, c.hidden) * c.intermediate,
         ) * es  # fmt: skip
         # the bulk L2 prefetch needs sm_90+ and rows of whole 16-byte chunks. The per-op launches (staged, the CUDA
-        # graph baselines) always prefetch whole tasks where they can: with PDL it is what runs before the wait
+        # graph baselines) always prefetch whole weight tasks where they can: with PDL it is what runs before the wait
         capable = (not self.interpret and torch.cuda.get_device_capability(self.device) >= (9, 0)
                    and all(k * es % 16 == 0 for k in ks))  # fmt: skip
         self.prefetch = int(bool(prefetch) and capable)

@@ -8,7 +8,7 @@
 The kernel (decode_kernel with TRACING) writes, per task, %globaltimer at three points: before its waits, after them
 (the CTA barrier passed), and after its body's stores are issued (before the release). Times are ns from the step's
 first timestamp. Under Triton's interpreter the clock is logical (queue order, kernel._now): the format and the
-bookkeeping, not time. A traced step runs the same code as an untraced one plus two or three global stores a task.
+bookkeeping, not time. A traced step runs the same code as an untraced one plus four global stores a task.
 """
 
 from __future__ import annotations
