@@ -5,8 +5,8 @@ launched one op at a time (the benchmark's CUDA graph + PDL baseline).
 Status: the whole kernel runs in Triton's interpreter on CPU (tests/test_megakernel.py) and compiles for sm_90 with
 triton 3.9 and 3.6 (the GPU path's PTX checked without a GPU); on an H200 (2026-11-29, triton 3.6) its GPU tests pass
 and `tile-kernels bench --megakernel` timed it (benchmarks/results/h200/megakernel.md); on an H100 (2026-12-07) the
-GPU tests pass with the waits inside the task bodies (_arrive). The ATTN tasks' bounded K / V prefetch (PREFETCH_BYTES
-of a split's rows) compiles for sm_90 and is not yet run on a GPU.
+GPU tests pass. Not yet run on a GPU: the ATTN tasks' bounded K / V prefetch (PREFETCH_BYTES of a split's rows) and
+the waits back in the queue loop (one _arrive before each body, as before 2026-12-07), both compiled for sm_90.
 
 Launch. grid = (num_sms,), one CTA per SM, launched with Triton's `launch_cooperative_grid=True`, so that a grid larger
 than what can be co-resident fails at launch instead of spinning forever on a CTA that never starts. The schedule's
@@ -238,19 +238,18 @@ def _norm_chunk(XIN, A, OFFS: tl.constexpr, buf: tl.constexpr, layer, wn, H, k0,
 
 
 @triton.jit
-def _gemv(W, X, lo, hi, K, w, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
-    """rows [lo, hi) of the row-major (., K) matrix W times the float32 vector X: fp32 (BLOCK_N,), masked past hi;
-    w its first (BLOCK_N, BLOCK_K) tile (_wtile at k0 = 0), loaded by the caller.
+def _gemv(W, X, lo, hi, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
+    """rows [lo, hi) of the row-major (., K) matrix W times the float32 vector X: fp32 (BLOCK_N,), masked past hi.
 
-    Design (QKV and GATEUP run the same loop inline). Batch 1 is bandwidth-bound with one CTA an SM, so what matters
-    is the weight bytes in flight per SM (Little's law: ~32 GB/s an SM at ~1 us loaded latency needs 32 KB+ in flight
-    at all times). The next (BLOCK_N, BLOCK_K) tile is loaded into registers, as 16-byte vectors, before the current
-    one is multiplied: two tiles of Megakernel's tile_budget elements in flight, and the vector's next chunk with its
-    tile (an L2 round trip for it at each iteration would bound the iteration where the weights come from L2). The
-    caller loads the first tile (after the task's waits: before them measured no faster). Each product tile is
-    reduced at once into a (BLOCK_N,) accumulator (in-thread adds, warp shuffles, a shared-memory step where BLOCK_K
-    spans several warps), so the registers hold the two weight tiles and no tile-shaped fp32 accumulator: budget /
-    (32 x num_warps) a thread for 16-bit weights (64 at 16384 elements and 8 warps).
+    Design (QKV and GATEUP run the same loop inline). Batch 1 is bandwidth-bound with one CTA an SM, so what matters is
+    the weight bytes in flight per SM (Little's law: ~32 GB/s an SM at ~1 us loaded latency needs 32 KB+ in flight at
+    all times). The next (BLOCK_N, BLOCK_K) tile is loaded into registers, as 16-byte vectors, before the current one is
+    multiplied: two tiles of Megakernel's tile_budget elements in flight, and the vector's next chunk with its tile (an
+    L2 round trip for it at each iteration would bound the iteration where the weights come from L2); the first tile
+    loads after the task's waits (before them measured no faster). Each product tile is reduced at once into a
+    (BLOCK_N,) accumulator (in-thread adds, warp shuffles, a shared-memory step where BLOCK_K spans several warps), so
+    the registers hold the two weight tiles and no tile-shaped fp32 accumulator: budget / (32 x num_warps) a thread for
+    16-bit weights (64 at 16384 elements and 8 warps).
     Limits: the whole kernel's registers (255 at 16384, the max over every body plus what is hoisted out of the queue
     loop) spill at 32768, and with a second tile loaded ahead of the loop (it then multiplies tile k before it loads
     tile k + 2, and ptxas hoists that load: three tiles live); tasks of few rows make BLOCK_K long, so the per-tile
@@ -258,6 +257,7 @@ def _gemv(W, X, lo, hi, K, w, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVIC
     rows = lo + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N,), tl.float32)
+    w = _wtile(W, rows, hi, K, 0, BLOCK_K, EVICT)
     x = tl.load(X + cols, mask=cols < K, other=0.0, cache_modifier=".cg")
     for k0 in range(0, K, BLOCK_K):
         w_next = _wtile(W, rows, hi, K, k0 + BLOCK_K, BLOCK_K, EVICT)
@@ -349,167 +349,129 @@ def _task(
     BLOCK_DH: tl.constexpr,
     EVICT: tl.constexpr,
     INTERPRET: tl.constexpr,
-    WAITS,
-    wait_lo,
-    wait_hi,
-    COUNTERS,
-    epoch,
-    ERR,
-    pid,
-    t,
-    qi,
-    timeout_ns,
-    TRACE,
-    DEBUG: tl.constexpr,
-    ONE_POLLER: tl.constexpr,
-    SLEEP_NS: tl.constexpr,
-    PDL: tl.constexpr,
-    TRACING: tl.constexpr,
 ):
-    """One task (graph.py's table of kinds) once what it waits for is done (_arrive: the waits WAITS[wait_lo:wait_hi],
-    or the previous launch with PDL); returns alive (0: the step was aborted, the body skipped). `kind` is a constexpr
-    in staged launches (one body compiled)."""
+    """One task (graph.py's table of kinds), run once what it waits for is done (_arrive); `kind` is a constexpr in
+    staged launches (one body compiled)."""
     HQ = HK * G
     QD = HQ * D
     if kind == 0:  # QKV: qkv[lo:hi] = Wqkv[lo:hi] (x r w_attn), r = rsqrt(mean(x^2) + eps), x = x[l]
         wqkv = _ptr(W, OFFS, B_WQKV, layer)
         rows = lo + tl.arange(0, BN_QKV)
-        alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
-                        DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
         w = _wtile(wqkv, rows, hi, H, 0, BK_QKV, EVICT)
-        if alive != 0:
-            r = _rms_scale(XIN, A, OFFS, B_X, layer, H, eps, BLOCK_H)
-            wn = _ptr(W, OFFS, B_WAN, layer)
-            acc = tl.zeros((BN_QKV,), tl.float32)
-            v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, wn, H, 0, BK_QKV)
-            for k0 in range(0, H, BK_QKV):  # as _gemv, the input normalized chunk by chunk
-                w_next = _wtile(wqkv, rows, hi, H, k0 + BK_QKV, BK_QKV, EVICT)
-                v_next, g_next = _norm_chunk(XIN, A, OFFS, B_X, layer, wn, H, k0 + BK_QKV, BK_QKV)
-                acc += tl.sum(w.to(tl.float32) * (v * r * g.to(tl.float32))[None, :], axis=1)
-                w = w_next
-                v = v_next
-                g = g_next
-            acc += tl.load(_ptr(W, OFFS, B_BQKV, layer) + rows, mask=rows < hi, other=0.0).to(tl.float32)
-            tl.store(_ptr(A, OFFS, B_QKV, layer) + rows, acc, mask=rows < hi)
+        r = _rms_scale(XIN, A, OFFS, B_X, layer, H, eps, BLOCK_H)
+        wn = _ptr(W, OFFS, B_WAN, layer)
+        acc = tl.zeros((BN_QKV,), tl.float32)
+        v, g = _norm_chunk(XIN, A, OFFS, B_X, layer, wn, H, 0, BK_QKV)
+        for k0 in range(0, H, BK_QKV):  # as _gemv, the input normalized chunk by chunk
+            w_next = _wtile(wqkv, rows, hi, H, k0 + BK_QKV, BK_QKV, EVICT)
+            v_next, g_next = _norm_chunk(XIN, A, OFFS, B_X, layer, wn, H, k0 + BK_QKV, BK_QKV)
+            acc += tl.sum(w.to(tl.float32) * (v * r * g.to(tl.float32))[None, :], axis=1)
+            w = w_next
+            v = v_next
+            g = g_next
+        acc += tl.load(_ptr(W, OFFS, B_BQKV, layer) + rows, mask=rows < hi, other=0.0).to(tl.float32)
+        tl.store(_ptr(A, OFFS, B_QKV, layer) + rows, acc, mask=rows < hi)
     elif kind == 1:  # ATTN of group g = lo, split s (graph.py): rope, the new KV row, (o, m, l) over the split
-        alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
-                        DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
-        if alive != 0:
-            i = tl.arange(0, BLOCK_DH)  # the two rotary halves are kept apart: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)
-            im = i < D // 2
-            jg = tl.arange(0, BLOCK_G)
-            qm = (jg < G)[:, None] & im[None, :]
-            seg = _ptr(A, OFFS, B_QKV, layer) + lo * (G + 2) * D  # G q heads, k_g, v_g
-            c = tl.load(ROPE + position * (D // 2) + i, mask=im, other=1.0)
-            s = tl.load(ROPE + (MAXSEQ + position) * (D // 2) + i, mask=im, other=0.0)
-            x1 = tl.load(seg + jg[:, None] * D + i[None, :], mask=qm, other=0.0, cache_modifier=".cg")
-            x2 = tl.load(seg + jg[:, None] * D + D // 2 + i[None, :], mask=qm, other=0.0, cache_modifier=".cg")
-            q1 = (x1 * c - x2 * s) * sm_scale
-            q2 = (x2 * c + x1 * s) * sm_scale
-            k1 = tl.load(seg + G * D + i, mask=im, other=0.0, cache_modifier=".cg")
-            k2 = tl.load(seg + G * D + D // 2 + i, mask=im, other=0.0, cache_modifier=".cg")
-            kn1 = (k1 * c - k2 * s).to(KV.dtype.element_ty)
-            kn2 = (k2 * c + k1 * s).to(KV.dtype.element_ty)
-            vn1 = tl.load(seg + (G + 1) * D + i, mask=im, other=0.0, cache_modifier=".cg")
-            vn2 = tl.load(seg + (G + 1) * D + D // 2 + i, mask=im, other=0.0, cache_modifier=".cg")
-            vn1, vn2 = vn1.to(KV.dtype.element_ty), vn2.to(KV.dtype.element_ty)
-            kbase, vbase = _kv_bases(KV, layer, lo, MAXSEQ, HK, D)
-            first = split == 0
-            if first:  # the new token's KV row (nobody reads it in this launch: split 0 keeps it in registers)
-                row = position * HK * D
-                tl.store(kbase + row + i, kn1, mask=im)
-                tl.store(kbase + row + D // 2 + i, kn2, mask=im)
-                tl.store(vbase + row + i, vn1, mask=im)
-                tl.store(vbase + row + D // 2 + i, vn2, mask=im)
-            # split 0 starts from the new token (m = its score, l = 1, o = v), the others from nothing
-            sn = tl.sum(q1 * kn1.to(tl.float32)[None, :] + q2 * kn2.to(tl.float32)[None, :], axis=1)
-            m_i = tl.where(first, sn, float("-inf"))
-            l_i = tl.where(first, 1.0, 0.0) + tl.zeros((BLOCK_G,), tl.float32)
-            zero = tl.zeros((BLOCK_G, BLOCK_DH), tl.float32)
-            o1 = tl.where(first, vn1.to(tl.float32)[None, :] + zero, zero)
-            o2 = tl.where(first, vn2.to(tl.float32)[None, :] + zero, zero)
-            qa = q1.to(KV.dtype.element_ty)  # the cached blocks' dots on tensor cores, q in the cache dtype
-            qb = q2.to(KV.dtype.element_ty)
-            a, e = _split_range(position, S, split)
-            for t0 in range(a, e, BLOCK_T):
-                tt = t0 + tl.arange(0, BLOCK_T)
-                tm = tt < e
-                km = tm[:, None] & im[None, :]
-                off = tt[:, None] * (HK * D) + i[None, :]
-                kt = tt[None, :] * (HK * D) + i[:, None]  # K transposed, (DH, T)
-                ktm = tm[None, :] & im[:, None]
-                ka = tl.load(kbase + kt, mask=ktm, other=0.0, cache_modifier=".cg")
-                kb = tl.load(kbase + kt + D // 2, mask=ktm, other=0.0, cache_modifier=".cg")
-                va = tl.load(vbase + off, mask=km, other=0.0, cache_modifier=".cg")
-                vb = tl.load(vbase + off + D // 2, mask=km, other=0.0, cache_modifier=".cg")
-                sc = _dot(qa, ka, INTERPRET) + _dot(qb, kb, INTERPRET)
-                sc = tl.where(tm[None, :], sc, float("-inf"))  # (G, T)
-                m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # finite: every block holds a position
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(sc - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                o1 = o1 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), va, INTERPRET)
-                o2 = o2 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), vb, INTERPRET)
-                m_i = m_new
-            rec = _ptr(A, OFFS, B_ATT, layer) + (split * HQ + lo * G + jg) * (D + 2)  # (split, head, [o, m, l])
-            tl.store(rec[:, None] + i[None, :], o1, mask=qm)
-            tl.store(rec[:, None] + D // 2 + i[None, :], o2, mask=qm)
-            tl.store(rec + D, m_i, mask=jg < G)
-            tl.store(rec + D + 1, l_i, mask=jg < G)
+        i = tl.arange(0, BLOCK_DH)  # the two rotary halves are kept apart: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)
+        im = i < D // 2
+        jg = tl.arange(0, BLOCK_G)
+        qm = (jg < G)[:, None] & im[None, :]
+        seg = _ptr(A, OFFS, B_QKV, layer) + lo * (G + 2) * D  # G q heads, k_g, v_g
+        c = tl.load(ROPE + position * (D // 2) + i, mask=im, other=1.0)
+        s = tl.load(ROPE + (MAXSEQ + position) * (D // 2) + i, mask=im, other=0.0)
+        x1 = tl.load(seg + jg[:, None] * D + i[None, :], mask=qm, other=0.0, cache_modifier=".cg")
+        x2 = tl.load(seg + jg[:, None] * D + D // 2 + i[None, :], mask=qm, other=0.0, cache_modifier=".cg")
+        q1 = (x1 * c - x2 * s) * sm_scale
+        q2 = (x2 * c + x1 * s) * sm_scale
+        k1 = tl.load(seg + G * D + i, mask=im, other=0.0, cache_modifier=".cg")
+        k2 = tl.load(seg + G * D + D // 2 + i, mask=im, other=0.0, cache_modifier=".cg")
+        kn1 = (k1 * c - k2 * s).to(KV.dtype.element_ty)
+        kn2 = (k2 * c + k1 * s).to(KV.dtype.element_ty)
+        vn1 = tl.load(seg + (G + 1) * D + i, mask=im, other=0.0, cache_modifier=".cg")
+        vn2 = tl.load(seg + (G + 1) * D + D // 2 + i, mask=im, other=0.0, cache_modifier=".cg")
+        vn1, vn2 = vn1.to(KV.dtype.element_ty), vn2.to(KV.dtype.element_ty)
+        kbase, vbase = _kv_bases(KV, layer, lo, MAXSEQ, HK, D)
+        first = split == 0
+        if first:  # the new token's KV row (nobody reads it in this launch: split 0 keeps it in registers)
+            row = position * HK * D
+            tl.store(kbase + row + i, kn1, mask=im)
+            tl.store(kbase + row + D // 2 + i, kn2, mask=im)
+            tl.store(vbase + row + i, vn1, mask=im)
+            tl.store(vbase + row + D // 2 + i, vn2, mask=im)
+        # split 0 starts from the new token (m = its score, l = 1, o = v), the others from nothing
+        sn = tl.sum(q1 * kn1.to(tl.float32)[None, :] + q2 * kn2.to(tl.float32)[None, :], axis=1)
+        m_i = tl.where(first, sn, float("-inf"))
+        l_i = tl.where(first, 1.0, 0.0) + tl.zeros((BLOCK_G,), tl.float32)
+        zero = tl.zeros((BLOCK_G, BLOCK_DH), tl.float32)
+        o1 = tl.where(first, vn1.to(tl.float32)[None, :] + zero, zero)
+        o2 = tl.where(first, vn2.to(tl.float32)[None, :] + zero, zero)
+        qa = q1.to(KV.dtype.element_ty)  # the cached blocks' dots on tensor cores, q in the cache dtype
+        qb = q2.to(KV.dtype.element_ty)
+        a, e = _split_range(position, S, split)
+        for t0 in range(a, e, BLOCK_T):
+            tt = t0 + tl.arange(0, BLOCK_T)
+            tm = tt < e
+            km = tm[:, None] & im[None, :]
+            off = tt[:, None] * (HK * D) + i[None, :]
+            kt = tt[None, :] * (HK * D) + i[:, None]  # K transposed, (DH, T)
+            ktm = tm[None, :] & im[:, None]
+            ka = tl.load(kbase + kt, mask=ktm, other=0.0, cache_modifier=".cg")
+            kb = tl.load(kbase + kt + D // 2, mask=ktm, other=0.0, cache_modifier=".cg")
+            va = tl.load(vbase + off, mask=km, other=0.0, cache_modifier=".cg")
+            vb = tl.load(vbase + off + D // 2, mask=km, other=0.0, cache_modifier=".cg")
+            sc = _dot(qa, ka, INTERPRET) + _dot(qb, kb, INTERPRET)
+            sc = tl.where(tm[None, :], sc, float("-inf"))  # (G, T)
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # finite: every block holds a position
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(sc - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            o1 = o1 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), va, INTERPRET)
+            o2 = o2 * alpha[:, None] + _dot(p.to(KV.dtype.element_ty), vb, INTERPRET)
+            m_i = m_new
+        rec = _ptr(A, OFFS, B_ATT, layer) + (split * HQ + lo * G + jg) * (D + 2)  # (split, head, [o, m, l])
+        tl.store(rec[:, None] + i[None, :], o1, mask=qm)
+        tl.store(rec[:, None] + D // 2 + i[None, :], o2, mask=qm)
+        tl.store(rec + D, m_i, mask=jg < G)
+        tl.store(rec + D + 1, l_i, mask=jg < G)
     elif kind == 2:  # OPROJ: h[lo:hi] = x[lo:hi] + Wo[lo:hi] ao
         rows = lo + tl.arange(0, BN_O)
         wo = _ptr(W, OFFS, B_WO, layer)
-        alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
-                        DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
-        w = _wtile(wo, rows, hi, QD, 0, BK_O, EVICT)
-        if alive != 0:
-            acc = _gemv(wo, _ptr(A, OFFS, B_AO, layer), lo, hi, QD, w, BN_O, BK_O, EVICT)
-            res = _vec(XIN, A, OFFS, B_X, layer, rows, rows < hi)
-            tl.store(_ptr(A, OFFS, B_H, layer) + rows, res + acc, mask=rows < hi)
+        acc = _gemv(wo, _ptr(A, OFFS, B_AO, layer), lo, hi, QD, BN_O, BK_O, EVICT)
+        res = _vec(XIN, A, OFFS, B_X, layer, rows, rows < hi)
+        tl.store(_ptr(A, OFFS, B_H, layer) + rows, res + acc, mask=rows < hi)
     elif kind == 3:  # GATEUP: act[lo:hi] = silu(Wg[lo:hi] m) * (Wu[lo:hi] m), m = h r w_mlp, r = rsqrt(mean(h^2) + eps)
         wg = _ptr(W, OFFS, B_WG, layer)
         wu = _ptr(W, OFFS, B_WU, layer)
         rows = lo + tl.arange(0, BN_GU)
-        alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
-                        DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
         tg, tu = _wtile(wg, rows, hi, H, 0, BK_GU, EVICT), _wtile(wu, rows, hi, H, 0, BK_GU, EVICT)
-        if alive != 0:
-            r = _rms_scale(XIN, A, OFFS, B_H, layer, H, eps, BLOCK_H)
-            wn = _ptr(W, OFFS, B_WMN, layer)
-            acc_g = tl.zeros((BN_GU,), tl.float32)
-            acc_u = tl.zeros((BN_GU,), tl.float32)
-            v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, wn, H, 0, BK_GU)
-            for k0 in range(0, H, BK_GU):  # as _gemv, both matrices in one loop, the input normalized chunk by chunk
-                tg_next = _wtile(wg, rows, hi, H, k0 + BK_GU, BK_GU, EVICT)
-                tu_next = _wtile(wu, rows, hi, H, k0 + BK_GU, BK_GU, EVICT)
-                v_next, g_next = _norm_chunk(XIN, A, OFFS, B_H, layer, wn, H, k0 + BK_GU, BK_GU)
-                n = v * r * g.to(tl.float32)
-                acc_g += tl.sum(tg.to(tl.float32) * n[None, :], axis=1)
-                acc_u += tl.sum(tu.to(tl.float32) * n[None, :], axis=1)
-                tg = tg_next
-                tu = tu_next
-                v = v_next
-                g = g_next
-            tl.store(_ptr(A, OFFS, B_ACT, layer) + rows, acc_g * tl.sigmoid(acc_g) * acc_u, mask=rows < hi)
+        r = _rms_scale(XIN, A, OFFS, B_H, layer, H, eps, BLOCK_H)
+        wn = _ptr(W, OFFS, B_WMN, layer)
+        acc_g = tl.zeros((BN_GU,), tl.float32)
+        acc_u = tl.zeros((BN_GU,), tl.float32)
+        v, g = _norm_chunk(XIN, A, OFFS, B_H, layer, wn, H, 0, BK_GU)
+        for k0 in range(0, H, BK_GU):  # as _gemv, both matrices in one loop, the input normalized chunk by chunk
+            tg_next = _wtile(wg, rows, hi, H, k0 + BK_GU, BK_GU, EVICT)
+            tu_next = _wtile(wu, rows, hi, H, k0 + BK_GU, BK_GU, EVICT)
+            v_next, g_next = _norm_chunk(XIN, A, OFFS, B_H, layer, wn, H, k0 + BK_GU, BK_GU)
+            n = v * r * g.to(tl.float32)
+            acc_g += tl.sum(tg.to(tl.float32) * n[None, :], axis=1)
+            acc_u += tl.sum(tu.to(tl.float32) * n[None, :], axis=1)
+            tg = tg_next
+            tu = tu_next
+            v = v_next
+            g = g_next
+        tl.store(_ptr(A, OFFS, B_ACT, layer) + rows, acc_g * tl.sigmoid(acc_g) * acc_u, mask=rows < hi)
     elif kind == 4:  # DOWN: x[l + 1][lo:hi] = h[lo:hi] + Wd[lo:hi] act (the last layer writes the step's output)
         rows = lo + tl.arange(0, BN_D)
         wd = _ptr(W, OFFS, B_WD, layer)
-        alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
-                        DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
-        w = _wtile(wd, rows, hi, INTER, 0, BK_D, EVICT)
-        if alive != 0:
-            acc = _gemv(wd, _ptr(A, OFFS, B_ACT, layer), lo, hi, INTER, w, BN_D, BK_D, EVICT)
-            y = tl.load(_ptr(A, OFFS, B_H, layer) + rows, mask=rows < hi, other=0.0, cache_modifier=".cg") + acc
-            if layer + 1 == NL:
-                tl.store(OUT + rows, y.to(OUT.dtype.element_ty), mask=rows < hi)
-            else:
-                tl.store(_ptr(A, OFFS, B_X, layer + 1) + rows, y, mask=rows < hi)
+        acc = _gemv(wd, _ptr(A, OFFS, B_ACT, layer), lo, hi, INTER, BN_D, BK_D, EVICT)
+        y = tl.load(_ptr(A, OFFS, B_H, layer) + rows, mask=rows < hi, other=0.0, cache_modifier=".cg") + acc
+        if layer + 1 == NL:
+            tl.store(OUT + rows, y.to(OUT.dtype.element_ty), mask=rows < hi)
+        else:
+            tl.store(_ptr(A, OFFS, B_X, layer + 1) + rows, y, mask=rows < hi)
     else:  # COMBINE of group g = lo
-        alive = _arrive(WAITS, wait_lo, wait_hi, COUNTERS, epoch, ERR, pid, t, qi, timeout_ns, TRACE, INTERPRET,
-                        DEBUG, ONE_POLLER, SLEEP_NS, PDL, TRACING)  # fmt: skip
-        if alive != 0:
-            _combine(A, OFFS, layer, lo, S, HQ, G, D, BLOCK_S, BLOCK_GC, BLOCK_DH)
-    return alive
+        _combine(A, OFFS, layer, lo, S, HQ, G, D, BLOCK_S, BLOCK_GC, BLOCK_DH)
 
 
 @triton.jit
@@ -726,10 +688,11 @@ def decode_kernel(
         if PREFETCH:
             _prefetch_task(KIND, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK, MAXSEQ, S, D,
                            PF_CHUNKS, PF_BYTES)  # fmt: skip
+        _arrive(WAITS, 0, 0, COUNTERS, epoch, ERR, pid, t, 0, timeout_ns, TRACE, INTERPRET, DEBUG, ONE_POLLER,
+                SLEEP_NS, PDL, False)  # fmt: skip
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
               eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
-              BLOCK_G, BLOCK_GC, BLOCK_DH, EVICT, INTERPRET, WAITS, 0, 0, COUNTERS, epoch, ERR, pid, t, 0, timeout_ns,
-              TRACE, DEBUG, ONE_POLLER, SLEEP_NS, PDL, False)  # fmt: skip
+              BLOCK_G, BLOCK_GC, BLOCK_DH, EVICT, INTERPRET)  # fmt: skip
     else:
         alive = pid * 0 + 1
         q0, q1 = tl.load(QPTR + pid), tl.load(QPTR + pid + 1)
@@ -747,12 +710,13 @@ def decode_kernel(
                 if PREFETCH:  # weights never wait: streamed to L2 before spinning
                     _prefetch_task(kind, layer, lo, hi, split, W, KV, OFFS, position, H, INTER, QD, HK, MAXSEQ, S, D,
                                    PF_CHUNKS, PF_BYTES)  # fmt: skip
-                alive = _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
-                              MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU,
-                              BN_D, BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, EVICT, INTERPRET, WAITS,
-                              tl.load(TASKS + t * NF + 5), tl.load(TASKS + t * NF + 6), COUNTERS, epoch, ERR, pid, t,
-                              i, timeout_ns, TRACE, DEBUG, ONE_POLLER, SLEEP_NS, False, TRACING)  # fmt: skip
+                alive = _arrive(WAITS, tl.load(TASKS + t * NF + 5), tl.load(TASKS + t * NF + 6), COUNTERS, epoch,
+                                ERR, pid, t, i, timeout_ns, TRACE, INTERPRET, DEBUG, ONE_POLLER, SLEEP_NS, False,
+                                TRACING)  # fmt: skip
                 if alive != 0:
+                    _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
+                          MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
+                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, EVICT, INTERPRET)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
                         tl.store(TRACE + 4 * t + 2, _now(i, 2, INTERPRET))
