@@ -658,7 +658,7 @@ print(json.dumps([persistent, staged, traced]))
     meta = dict(G=4, D=64, BLOCK_H=2048, BN_QKV=32, BK_QKV=512, BN_O=16, BK_O=1024, BN_GU=64, BK_GU=128, BN_D=16,
                 BK_D=1024, BLOCK_S=16, BLOCK_T=64, BLOCK_G=16, BLOCK_GC=4, BLOCK_DH=32, PF_CHUNKS=256,
                 PF_BYTES=1024, EVICT="", ONE_POLLER=True, SLEEP_NS=256, INTERPRET=False, DEBUG=False,
-                PREFETCH=True, ROLL_KV=1)  # fmt: skip
+                PREFETCH=True)  # fmt: skip
     # its arenas' layout: (base, stride) of x, h, qkv, att, act, ao in A, then of the 8 weight buffers in W, 16 layers
     strides = ([2048, 2048, 3072, 16 * 32 * 66, 8192, 2048],
                [2048, 2048, 3072 * 2048, 2048 * 2048, 8192 * 2048, 8192 * 2048, 2048 * 8192, 3072])  # fmt: skip
@@ -826,7 +826,7 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 32, 4, 2, 8, 48))
     monkeypatch.setattr(bench, "CONTEXT", 9)
     result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path))
-    assert result["notes"] == {} and len(calls) == len(result["us"]) == 23
+    assert result["notes"] == {} and len(calls) == len(result["us"]) == 22
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})

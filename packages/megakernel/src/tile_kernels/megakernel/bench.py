@@ -98,7 +98,6 @@ def bench_shape(
     import torch
 
     from . import DecoderConfig, build_decode_step, build_graph, check_schedule, decode_step, pack_weights, schedule
-    from .graph import Tiling
     from .kernel import Megakernel
     from .weights import LAYER_WEIGHTS, layer_weights
 
@@ -159,8 +158,6 @@ def bench_shape(
         "megakernel, no L2 prefetch": lambda: variant(prefetch=None),
         "megakernel, L2 prefetch of 128 KB": lambda: variant(prefetch_bytes=131072),
         "megakernel, L2 prefetch of whole tasks": lambda: variant(prefetch_bytes=None),
-        # an ATTN task's K / V window prefetched once, not kept ahead of its loop
-        "megakernel, K/V prefetch not rolling": lambda: variant(rolling_kv_prefetch=False),
         # weight loads without the L2 evict_first policy (the default marks them: read once, they leave L2 first)
         "megakernel, weights evicted normally": lambda: variant(weights_evict_first=False),
         # every thread polls a counter (the default: thread 0 alone, the others wait at a barrier); the polls'
@@ -178,11 +175,9 @@ def bench_shape(
         "megakernel, 8 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=8)),
         # QKV tiles of 24 rows (Tiling.auto rounds to 16: 32 rows, 96 tasks on 1B's 132 SMs): 128 shorter tasks
         "megakernel, 24-row QKV tiles": lambda: variant(tiling=replace(step.graph.tiling, qkv=24)),
-        # rows a task rounded to 1 instead of 16: a task on every SM where 16-row rounding leaves some idle (1B's
-        # gate / up 63 rows, 131 tasks, against 64 rows, 128 tasks; 8B's 109 rows against 112)
-        "megakernel, unrounded rows": lambda: variant(
-            tiling=replace(Tiling.auto(config, kernel.grid[0], align=1), kv_splits=step.graph.tiling.kv_splits)
-        ),
+        # O and DOWN tasks of 16 rows (Llama-3-8B's default 32: 32 x 512 weight tiles streamed ~18.5 GB/s an SM on an
+        # H100, where 1B's 16 x 1024 tiles reach ~22.6): twice the tasks, two an SM
+        "megakernel, 16-row O / DOWN tasks": lambda: variant(tiling=replace(step.graph.tiling, o=16, down=16)),
         # O-projection tiles of 4x the rows: fewer, longer GEMV tasks
         "megakernel, 4x O rows": lambda: variant(tiling=replace(step.graph.tiling, o=4 * step.graph.tiling.o)),
         # the queues balanced by the traced run time of each task instead of its estimated bytes

@@ -36,12 +36,12 @@ Prefetch. Weights never depend on counters. A bulk L2 prefetch (`cp.async.bulk.p
 chunks of PF_BYTES, one a thread) of a task's weight rows (contiguous in the row-major matrices; the first PF_CHUNKS x
 PF_BYTES bytes of them) lets HBM stream them while the CTA waits (PREFETCH; the step is bandwidth-bound: Llama-3.2-1B's
 ~1.9 GB of bf16 weights take 475 us at the H200's measured copy speed); an ATTN task prefetches as many bytes of its
-split's K rows and of its V rows (line prefetches), and its loop keeps that window ahead of its loads. The GEMV's weight
-loads are marked L2 evict_first (Megakernel's weights_evict_first; read once a step, they leave L2 before the prefetched
-lines, activations and KV rows). The L2 prefetch's default (Megakernel's prefetch_bytes) is the first PREFETCH_BYTES of
-each matrix: all of a task's rows measured slower (132 CTAs' prefetches overrun the 50 MB L2), and so did whole KV
-splits at long contexts, the next task's weights while one runs, an L1 prefetch of the first tiles' lines, and loading
-the first weight tile into registers before the waits measured no faster than after them
+split's K rows and of its V rows (line prefetches). The GEMV's weight loads are marked L2 evict_first (Megakernel's
+weights_evict_first; read once a step, they leave L2 before the prefetched lines, activations and KV rows). The L2
+prefetch's default (Megakernel's prefetch_bytes) is the first PREFETCH_BYTES of each matrix: all of a task's rows
+measured slower (132 CTAs' prefetches overrun the 50 MB L2), and so did whole KV splits at long contexts, the next
+task's weights while one runs, an ATTN loop keeping its K / V window ahead of its loads, an L1 prefetch of the first
+tiles' lines, and loading the first weight tile into registers before the waits measured no faster than after them
 (benchmarks/results/h200/notes.md); the per-op launches prefetch whole weight tasks (an ATTN split: as many bytes of its
 K and of its V rows as the largest weight task has).
 Never in the interpreter, before sm_90, or where a row is not a multiple of 16 bytes.
@@ -347,7 +347,6 @@ def _task(
     BLOCK_G: tl.constexpr,
     BLOCK_GC: tl.constexpr,
     BLOCK_DH: tl.constexpr,
-    KV_AHEAD: tl.constexpr,
     EVICT: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -420,11 +419,6 @@ def _task(
             kb = tl.load(kbase + kt + D // 2, mask=ktm, other=0.0, cache_modifier=".cg")
             va = tl.load(vbase + off, mask=km, other=0.0, cache_modifier=".cg")
             vb = tl.load(vbase + off + D // 2, mask=km, other=0.0, cache_modifier=".cg")
-            if KV_AHEAD > 0:  # keep the prefetched window KV_AHEAD positions ahead: K and V halves, one a column
-                pa = tt[:, None] + KV_AHEAD
-                c4 = tl.arange(0, 4)[None, :]
-                _prefetch_lines(kbase + pa * (HK * D) + (c4 % 2) * (D // 2) + (c4 // 2) * (MAXSEQ * HK * D),
-                                (pa < e) & (c4 < 4))  # fmt: skip
             sc = _dot(qa, ka, INTERPRET) + _dot(qb, kb, INTERPRET)
             sc = tl.where(tm[None, :], sc, float("-inf"))  # (G, T)
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # finite: every block holds a position
@@ -676,7 +670,6 @@ def decode_kernel(
     INTERPRET: tl.constexpr,
     DEBUG: tl.constexpr,
     PREFETCH: tl.constexpr,
-    ROLL_KV: tl.constexpr,
     PDL: tl.constexpr,
     TRACING: tl.constexpr,
 ):
@@ -686,10 +679,6 @@ def decode_kernel(
     dependency; with PDL, griddepcontrol waits for the previous launch)."""
     pid = tl.program_id(0)
     QD = HK * G * D
-    # positions of a split's K (and of its V) rows in the ATTN prefetch's window, which its loop keeps ahead
-    KV_AHEAD: tl.constexpr = (
-        PREFETCH * ROLL_KV * PF_CHUNKS * PF_BYTES // (D * (KV.dtype.element_ty.primitive_bitwidth // 8))
-    )
     if MODE == 1:
         t = task0 + pid
         layer = tl.load(TASKS + t * NF + 1)
@@ -703,7 +692,7 @@ def decode_kernel(
                 SLEEP_NS, PDL, False)  # fmt: skip
         _task(KIND, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK, MAXSEQ, S,
               eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D, BK_D, BLOCK_S, BLOCK_T,
-              BLOCK_G, BLOCK_GC, BLOCK_DH, KV_AHEAD, EVICT, INTERPRET)  # fmt: skip
+              BLOCK_G, BLOCK_GC, BLOCK_DH, EVICT, INTERPRET)  # fmt: skip
     else:
         alive = pid * 0 + 1
         q0, q1 = tl.load(QPTR + pid), tl.load(QPTR + pid + 1)
@@ -727,7 +716,7 @@ def decode_kernel(
                 if alive != 0:
                     _task(kind, layer, lo, hi, split, W, A, KV, XIN, OUT, OFFS, ROPE, position, NL, H, INTER, HK,
                           MAXSEQ, S, eps, sm_scale, G, D, BLOCK_H, BN_QKV, BK_QKV, BN_O, BK_O, BN_GU, BK_GU, BN_D,
-                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, KV_AHEAD, EVICT, INTERPRET)  # fmt: skip
+                          BK_D, BLOCK_S, BLOCK_T, BLOCK_G, BLOCK_GC, BLOCK_DH, EVICT, INTERPRET)  # fmt: skip
                     tl.debug_barrier()  # every warp's stores issued before the release
                     if TRACING:
                         tl.store(TRACE + 4 * t + 2, _now(i, 2, INTERPRET))
@@ -758,9 +747,8 @@ class Megakernel:
     (the others wait at a barrier; False: every thread polls); `poll_sleep_ns` the ceiling of the polls' nanosleep
     backoff (32 ns doubling; 0: none, sensible with one_poller only); `prefetch_bytes` what is prefetched of each weight
     matrix of a task, and of an ATTN split's K and of its V rows (default PREFETCH_BYTES; None: all of a weight task, as
-    many bytes of a split); `rolling_kv_prefetch` (default True) has an ATTN task's loop keep that window of K / V
-    rows ahead of its loads (a line prefetch a step); `tile_budget` (a power of two) the elements of a GEMV weight
-    tile, which set the BLOCK_K of every projection: _gemv keeps two tiles in flight."""
+    many bytes of a split); `tile_budget` (a power of two) the elements of a GEMV weight tile, which set the BLOCK_K of
+    every projection: _gemv keeps two tiles in flight."""
 
     def __init__(
         self,
@@ -778,7 +766,6 @@ class Megakernel:
         weights_evict_first: bool = True,
         one_poller: bool = True,
         poll_sleep_ns: int = 256,
-        rolling_kv_prefetch: bool = True,
         seed: int | None = None,
     ):
         import random
@@ -815,10 +802,7 @@ class Megakernel:
             raise ValueError(f"megakernel: prefetch must be True or None, got {prefetch!r}")
         if type(poll_sleep_ns) is not int or not 0 <= poll_sleep_ns <= 1_000_000:
             raise ValueError(f"megakernel: poll_sleep_ns must be an int in [0, 1000000], got {poll_sleep_ns!r}")
-        flags = (
-            ("weights_evict_first", weights_evict_first), ("one_poller", one_poller),
-            ("rolling_kv_prefetch", rolling_kv_prefetch),
-        )  # fmt: skip
+        flags = (("weights_evict_first", weights_evict_first), ("one_poller", one_poller))
         for name, flag in flags:
             if type(flag) is not bool:
                 raise TypeError(f"megakernel: {name} must be a bool, got {flag!r}")
@@ -923,7 +907,6 @@ class Megakernel:
             INTERPRET=self.interpret,
             DEBUG=bool(debug),
             PREFETCH=self.prefetch,
-            ROLL_KV=int(rolling_kv_prefetch),
         )
         self.timeout_ns = int(timeout_s * 1e9)
         self.scalars = (c.num_layers, c.hidden, c.intermediate, c.num_kv_heads, c.max_seq, t.kv_splits, c.rms_eps,
