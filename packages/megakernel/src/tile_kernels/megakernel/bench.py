@@ -13,9 +13,9 @@ and variants of the megakernel that the GPU runs learn from: without the L2 pref
 128 KB of each matrix, or all of it, against the default's 32 KB); weight loads without the L2 evict_first policy; every
 thread polling a counter instead of one a CTA, shorter poll sleeps; GEMV weight tiles of 8192 or 32768 elements
 (tile_budget; the default is kernel.TILE_BUDGET = 16384, two tiles in flight); 4 warps (8192-element tiles: the same
-registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits; 4x O-projection rows; the queues balanced by each
-task's traced run time (trace.py) instead of its estimated bytes. Every megakernel's first launch runs under the
-watchdog and is compared with the eager step (max |error| recorded).
+registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits; 24-row QKV tasks; 16-row O and DOWN tasks; 4x
+O-projection rows; the queues balanced by each task's traced run time (trace.py) instead of its estimated bytes. Every
+megakernel's first launch runs under the watchdog and is compared with the eager step (max |error| recorded).
 
 The floor is (every layer's weights + the KV cache rows read at the context) / the measured copy bandwidth. The
 megakernel is timed over back-to-back launches (CUDA events around 20 steps, median of 5): it cannot be replayed from
