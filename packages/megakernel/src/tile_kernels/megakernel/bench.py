@@ -175,8 +175,8 @@ def bench_shape(
         "megakernel, 8 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=8)),
         # QKV tiles of 24 rows (Tiling.auto rounds to 16: 32 rows, 96 tasks on 1B's 132 SMs): 128 shorter tasks
         "megakernel, 24-row QKV tiles": lambda: variant(tiling=replace(step.graph.tiling, qkv=24)),
-        # O and DOWN tasks of 16 rows (Llama-3-8B's default 32: 32 x 512 weight tiles streamed ~18.5 GB/s an SM on an
-        # H100, where 1B's 16 x 1024 tiles reach ~22.6): twice the tasks, two an SM
+        # O and DOWN tasks of 16 rows (Llama-3-8B's default 32: its 32 x 512 weight tiles streamed slower an SM than
+        # 1B's 16 x 1024 in the traces): twice the tasks, two an SM
         "megakernel, 16-row O / DOWN tasks": lambda: variant(tiling=replace(step.graph.tiling, o=16, down=16)),
         # O-projection tiles of 4x the rows: fewer, longer GEMV tasks
         "megakernel, 4x O rows": lambda: variant(tiling=replace(step.graph.tiling, o=4 * step.graph.tiling.o)),

@@ -104,14 +104,11 @@ NF = tl.constexpr(len(TASK_FIELDS))
 ALIGN = tl.constexpr(64)  # elements: every buffer's offset in its arena (128-byte lines for 16-bit weights)
 ERR_FIELDS = ("flag", "program", "task", "counter", "value", "expected")
 PERSISTENT, STAGED = 0, 1  # MODE: one program per SM walking its queue / one program per task of one stage
-# cached positions an ATTN task's loop step reads (K and V: 2 x 64 x D elements). H100, Llama-3.2-1B, us a step at
-# context 1024 / 16384: 32 -> 1030 / 1522, 64 -> 1020 / 1363, 128 -> 1067 / 1381
-ATTN_BLOCK_T = 64
+ATTN_BLOCK_T = 64  # cached positions an ATTN task's loop step reads (K and V: 2 x 64 x D elements; 32, 128 slower)
 TILE_BUDGET = 16384  # elements of a weight tile (Megakernel's tile_budget): 32 KB of bf16, two in flight (_gemv)
 # bytes of each weight matrix of a task prefetched to L2 before its waits (Megakernel's prefetch_bytes). H100, context
 # 1024, us a step, none / 32 KB / 128 KB / whole tasks: Llama-3.2-1B 1217 / 1198 / 1242 / 1276 and 1090 / 1061 (a
-# second run), Llama-3-8B 6297 / 6254. ATTN tasks prefetch as many bytes of their K and of their V rows: 1B / 8B at
-# context 16384 1240 / 6743 against 1262 / 6872 without prefetch (whole KV splits: 1363 / 7452 against 1244 / 6935)
+# second run), Llama-3-8B 6297 / 6254; an ATTN task as many bytes of its split's K and of its V rows
 PREFETCH_BYTES = 32768
 
 
