@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICE, OPCHECK_UTILS, assert_in_order, needs_tilelang, needs_torch
+from conftest import DEVICE, OPCHECK_UTILS, needs_tilelang, needs_torch
 from drivers import DRIVERS
 from test_ops import assert_close
 
@@ -154,46 +154,41 @@ def test_tilelang_backend_plan_and_refusals():
     target = Target(num_sms=132, cuda_arch=90)
     plan = f8.compiled_forward("tilelang", 300, 256, 512, out_dtype="float32", arch=90, target=target)
     assert [type(s) for s in plan.launches] == [Call] and plan.launches[0].reads == tuple(plan.inputs)
-    assert plan.launches[0].key == "tile_kernels_tilelang_fp8_matmul_float32_sm90"
+    assert plan.launches[0].key == "tile_kernels_tilelang_fp8_matmul_n128_float32_sm90"  # 3 x 2 tiles
     assert f8.compiled_forward("tilelang", 0, 256, 512, out_dtype="bfloat16", arch=90, target=target).launches == ()
 
 
 @needs_tilelang
-def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code():
-    """TMA loads, e4m3 wgmma of 64 x 128 (a warp group per 64 rows), a producer warp group with register
-    reallocation, a TMA store."""
+@pytest.mark.parametrize("config", sorted(f8.fp8_matmul_tilelang.CONFIGS))
+def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code(config):
+    """TMA loads, e4m3 wgmma of 64 x 128 (a warp group per 64 rows; one per 128-column half of the tile), a producer
+    warp group with register reallocation, a TMA store per half."""
     from tile_kernels.core import fp8_matmul_tilelang as tl_f8
 
-    source = tl_f8.lower(tl_f8.kernel_name(), "float8_e4m3fn", "bfloat16", tl_f8.target(90)).kernel_source
-    for feature in ("tma_load", "kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, 128, 32",
-                    "warpgroup_reg_alloc", "tma_store"):  # fmt: skip
+    source = tl_f8.lower(tl_f8.kernel_name(config), "float8_e4m3fn", "bfloat16", tl_f8.target(90)).kernel_source
+    halves = tl_f8.CONFIGS[config][0] // tl_f8.BLOCK
+    for feature in ("tma_load", "warpgroup_reg_alloc"):
         assert feature in source, feature
+    assert source.count("kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, 128, 32") == halves
+    assert source.count("tl::tma_store(") == halves
 
 
-@needs_tilelang
-def test_tilelang_paired_schedule_promotes_beside_the_other_steps_wgmma():
-    """The PAIRED configurations (explicit warp-specialization schedule): per pair of K steps the even step's wgmma
-    issued, the last pair's odd step promoted while it runs, the odd step's wgmma issued, one wait for all but the
-    last (the even step's tiles released after it), the even step's promotion while the odd step's runs, one full
-    wait, the odd step's tiles released."""
+def test_tilelang_configuration_fills_the_sms():
+    """128 x 128 tiles while they fit one wave of the SMs, 128 x 256 beyond."""
     from tile_kernels.core import fp8_matmul_tilelang as tl_f8
 
-    source = tl_f8.lower(tl_f8.kernel_name("paired"), "float8_e4m3fn", "bfloat16", tl_f8.target(90)).kernel_source
-    loop = source[source.index("for (int t = 0;") : source.index("warpgroup_reg_dealloc")]
-    steps = ("even_full[", "wgmma_ss<", "(step_odd + ", "odd_full[", "wgmma_ss<", "wait_wgmma<1>", "even_empty[",
-             "(step + ", "wait_wgmma<0>", "odd_empty[")  # fmt: skip
-    assert_in_order(loop, steps)
-    assert loop.count("wait_wgmma<") == 2 and "warpgroup_wait<" not in loop
+    assert tl_f8.config_for(256, 4096, 132) == tl_f8.config_for(1024, 2048, 132) == "n128"  # 64, 128 tiles
+    assert tl_f8.config_for(1024, 4096, 132) == tl_f8.config_for(8192, 8192, 132) == tl_f8.DEFAULT_CONFIG == "n256"
+    assert tl_f8.config_for(1024, 4096, 256) == "n128"
 
 
 @needs_torch
 @pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on Hopper GPUs")
-@pytest.mark.parametrize("config", [c for c in sorted(f8.fp8_matmul_tilelang.CONFIGS) if c != "default"])
+@pytest.mark.parametrize("config", sorted(f8.fp8_matmul_tilelang.CONFIGS))
 @pytest.mark.parametrize("shape, seed, blocks", [((300, 256), 2, 1), ((129, 384, 128), 0, 3), ((256, 1024, 384), 0, 8)])
 def test_tilelang_configurations_match_the_reference(config, shape, seed, blocks):
-    """Each non-default configuration (the sweep's candidates) against the float64 reference: one (sample draws K
-    for a 2-D shape: 128 with seed 2), an odd number (the paired schedule's last step past K) and an even number of K
-    blocks, rows past a tile."""
+    """Each configuration against the float64 reference: one (sample draws K for a 2-D shape: 128 with seed 2), an odd
+    and an even number of K blocks, rows past a tile, a 256-column tile's right half past N (128 and 384 columns)."""
     import torch
 
     from tile_kernels.torch._runtime import Executor, target

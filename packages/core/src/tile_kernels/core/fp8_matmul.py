@@ -158,12 +158,12 @@ def compiled_forward(backend: str, m: int, n: int, k: int, *, out_dtype: str, ar
                      tile_config: str | None = None) -> Plan:  # fmt: skip
     """The TileLang backend's forward for compute capability `arch` (90): a (M, K), a_scales (M, K / 128)
     row-major, b (N, K) and b_scales compact; out (M, N) compact in out_dtype. One Call; an empty product runs
-    `forward`'s plan (zeros). `tile_config`: one of fp8_matmul_tilelang.CONFIGS (None: its default)."""
+    `forward`'s plan (zeros). `tile_config`: one of fp8_matmul_tilelang.CONFIGS (None: config_for the output)."""
     check_backend(backend, arch)
     if not (m and n and k):
         return forward(m, n, k, out_dtype=out_dtype, target=target)
     module = backends.module(NAME, backend)
-    kernel = module.kernel_name(tile_config or module.DEFAULT_CONFIG)
+    kernel = module.kernel_name(tile_config or module.config_for(m, n, target.num_sms))
     load = functools.partial(module.function, kernel, FP8, out_dtype, arch)
     inputs = {"a": FP8, "a_scales": "float32", "b": FP8, "b_scales": "float32"}
     steps = (Call(f"tile_kernels_{backend}_{kernel}_{out_dtype}_sm{arch}", load, tuple(inputs), ("out",)),)

@@ -1,45 +1,49 @@
 """fp8_matmul's TileLang kernel for Hopper (backend="tilelang"): the math of fp8_matmul.py, written in TileLang.
 
-One program per (BLOCK_M, 128) output tile, the tiles visited in panels of SWIZZLE tile columns. K streams one 128-wide
+One program per (128, BLOCK_N) output tile, the tiles visited in panels of SWIZZLE tile columns. K streams one 128-wide
 scale block a step through a T.Pipelined loop of `stages` shared buffers: TileLang lowers the a and b tile copies to
-TMA, the e4m3 product to wgmma (operands in shared memory, both K-major: b is a Linear weight's (N, K)) into a fresh
-fp32 tile, and the loop to a TMA producer warp group beside the consumer warp groups. The consumers scale each step's
-tile by a's per-row scale times b's per-tile scale and add it to the fp32 accumulator (DeepSeek-V3's promotion: the
-tensor cores' ~14-bit sums never span more than one block), the scales read by the consumers from global memory
-before they wait for the step's tiles (after the wgmma's wait, their latency would add to every step); the result
-is rounded once to out_dtype and leaves through shared memory (a TMA store).
+TMA, the e4m3 products to wgmma (operands in shared memory, both K-major: b is a Linear weight's (N, K)) into a fresh
+fp32 tile, and the loop to a TMA producer warp group beside two consumer warp groups of 64 rows. The consumers scale
+each step's product by a's per-row scale times b's per-tile scale and add it to an fp32 accumulator (DeepSeek-V3's
+promotion: the tensor cores' ~14-bit sums never span more than one block), the scales read from global memory before
+they wait for the step's tiles (after the wgmma's wait, their latency would add to every step); the result is rounded
+once to out_dtype and leaves through shared memory (a TMA store).
 
-Sizes M, N, K are dynamic (no recompile per shape); rows past M read TMA's zero fill and a zero scale, and are not
-stored.
+BLOCK_N 256 ("n256", the default) holds two 128-column halves, each with its own b tile, accumulator and scale,
+multiplied in turn into one product tile (a consumer thread: 2 x 64 accumulators + 64 of product, where a 64 x 256
+product would need 256 registers); a step loads 48 KiB for the work that BLOCK_N 128 ("n128") loads 64 KiB for.
+n128 runs where its 128 x 128 tiles fit one wave of the SMs (config_for): there the twice as many, shorter programs
+finish first.
+
+Sizes M, N, K are dynamic (no recompile per shape); rows past M and columns past N read TMA's zero fill and a zero
+scale, and are not stored.
 
 Design limits: sm_90a only; a, b compact, a_scales compact row-major (M, K / 128) (the adapters copy other layouts);
-K and N multiples of 128 (fp8_matmul.check); BLOCK_N = 128, one b scale a tile; in the default configuration a
-step's promotion waits for its wgmma (the PAIRED ones keep a second product tile in flight); not persistent.
-backend=None runs it on sm_90 from 128 rows (fp8_matmul.preferred_backend: the ratios to the Triton kernel and to
-torch._scaled_mm are there).
+K and N multiples of 128 (fp8_matmul.check); each step's promotion waits for its wgmma (the other consumer group's
+wgmma runs meanwhile); not persistent, no TMA multicast across a cluster. backend=None runs it on sm_90 from 128 rows
+(fp8_matmul.preferred_backend: the ratios to the Triton kernel and to torch._scaled_mm are there).
 """
 
-from .backends import tilelang_entry_points, tilelang_target, ws_roles, ws_warps
+from .backends import tilelang_entry_points, tilelang_target
+from .plan import cdiv
 
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 ARCHS = (90,)  # compute capabilities the kernel is written for
 AOT_TARGETS = ("cuda:90",)  # the AOT matrix's TileLang targets (aot.TILELANG_TARGETS) that build it
 SWIZZLE = 8  # tile columns a panel
-BLOCK = 128  # K step and BLOCK_N: fp8_matmul's scale block
+BLOCK = 128  # K step, BLOCK_M and a b tile's rows: fp8_matmul's scale block
 
-# (BLOCK_M, stages, threads, PAIRED) by config name; "default" is what backend="tilelang" runs: 128 rows in two
-# consumer warp groups (64 x 128 fp32 of accumulator and 64 x 128 of the step's product each), 3 stages of 32 KiB (the
-# fastest of benchmarks/sweep_fp8_matmul.py on an H200: 4 stages tie at 8192^3 and lose 8% at 4096 x 14336 x 4096).
-# PAIRED: the K steps in pairs under an explicit warp-specialization schedule (two pipelines of `stages` each, two
-# product tiles): each step's promotion runs while the other step's wgmma does, and the consumers wait for the
-# tensor cores once a pair (TileLang's automatic loop waits for every step's wgmma before promoting it). 2 stages: 4
-# tiles of 32 KiB and the output tile (32 KiB bf16, 64 KiB fp32; the schedule does not overlay it on the stages).
-# Built for sm_90a without spills, not yet timed.
-CONFIGS = {
-    "default": (128, 3, 256, False), "m64s6": (64, 6, 128, False), "m128s4": (128, 4, 256, False),
-    "paired": (128, 2, 256, True),
-}  # fmt: skip
-DEFAULT_CONFIG = "default"
+# (BLOCK_N, stages) by config name, 256 threads (TileLang adds the producer warp group). 3 stages: 48 KiB (n256) or
+# 32 KiB (n128) each, the output tile overlaid on them.
+CONFIGS = {"n256": (256, 3), "n128": (128, 3)}
+DEFAULT_CONFIG = "n256"
+
+
+def config_for(m: int, n: int, num_sms: int) -> str:
+    """The configuration backend="tilelang" runs for an (m, n) output on `num_sms` SMs: n128 while its 128 x 128
+    tiles fit one wave (halving the programs of a grid that already leaves SMs idle costs more than wider tiles
+    save), else the default."""
+    return "n128" if cdiv(m, BLOCK) * cdiv(n, BLOCK) <= num_sms else DEFAULT_CONFIG
 
 
 def unsupported(arch: int | None = None) -> str | None:
@@ -60,20 +64,22 @@ def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict
     BS (N / 128, K / 128) (reads); OUT (M, N) (writes)."""
     import tilelang.language as T
 
-    bm, stages, threads, paired = CONFIGS[kernel.removeprefix("fp8_matmul").removeprefix("_") or DEFAULT_CONFIG]
+    bn, stages = CONFIGS[kernel.removeprefix("fp8_matmul").removeprefix("_") or DEFAULT_CONFIG]
+    wide = bn == 2 * BLOCK
     fp8, f32 = "float8_e4m3", "float32"
     M, N, K, KB, NB = T.dynamic("M N K KB NB")  # noqa: N806 - sizes; KB = K / 128, NB = N / 128
 
     @T.macro
-    def load_scales(row_scale, AS, BS, bx, by, k):  # noqa: N803
-        """Step k's scale of each row: a's row scale x b's tile scale (0 past M)."""
-        for i in T.Parallel(bm):
-            row_scale[i] = T.if_then_else(by * bm + i < M, AS[by * bm + i, k], T.float32(0)) * BS[bx, k]
+    def load_scales(row_scale, AS, BS, nb, by, k):  # noqa: N803
+        """Step k's scale of each row: a's row scale x the scale of b's 128-row block nb (0 past M or N)."""
+        for i in T.Parallel(BLOCK):
+            a_scale = T.if_then_else(by * BLOCK + i < M, AS[by * BLOCK + i, k], T.float32(0))
+            row_scale[i] = a_scale * T.if_then_else(nb < NB, BS[nb, k], T.float32(0))
 
     @T.macro
     def promote(acc, step, row_scale):
         """acc += the step's product x its scales, as the Triton kernel."""
-        for i, j in T.Parallel(bm, BLOCK):
+        for i, j in T.Parallel(BLOCK, BLOCK):
             acc[i, j] += step[i, j] * row_scale[i]
 
     @T.prim_func
@@ -84,92 +90,48 @@ def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict
         BS: T.Tensor((NB, KB), f32),  # noqa: N803
         OUT: T.Tensor((M, N), out_dtype),  # noqa: N803
     ):
-        with T.Kernel(T.ceildiv(N, BLOCK), T.ceildiv(M, bm), threads=threads) as (bx, by):
-            a_tile = T.alloc_shared((bm, BLOCK), fp8)
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, BLOCK), threads=256) as (bx, by):
+            a_tile = T.alloc_shared((BLOCK, BLOCK), fp8)
             b_tile = T.alloc_shared((BLOCK, BLOCK), fp8)
-            out_tile = T.alloc_shared((bm, BLOCK), out_dtype)
-            acc = T.alloc_fragment((bm, BLOCK), f32)
-            step = T.alloc_fragment((bm, BLOCK), f32)
-            row_scale = T.alloc_fragment((bm,), f32)
+            out_tile = T.alloc_shared((BLOCK, BLOCK), out_dtype)
+            acc = T.alloc_fragment((BLOCK, BLOCK), f32)
+            step = T.alloc_fragment((BLOCK, BLOCK), f32)
+            row_scale = T.alloc_fragment((BLOCK,), f32)
+            if wide:  # the right half's b tile, accumulator and scales
+                b_right = T.alloc_shared((BLOCK, BLOCK), fp8)
+                acc_right = T.alloc_fragment((BLOCK, BLOCK), f32)
+                scale_right = T.alloc_fragment((BLOCK,), f32)
+                T.clear(acc_right)
             T.use_swizzle(SWIZZLE)
-            if paired:
-                # the odd steps' tiles, product and scales; a last odd step past K (K / 128 odd) reloads step
-                # K / 128 - 1 and is not promoted
-                a_odd = T.alloc_shared((bm, BLOCK), fp8)
-                b_odd = T.alloc_shared((BLOCK, BLOCK), fp8)
-                step_odd = T.alloc_fragment((bm, BLOCK), f32)
-                scale_odd = T.alloc_fragment((bm,), f32)
-                T.annotate_ws_schedule(T.WSSchedule(
-                    num_warps=ws_warps(threads),
-                    roles=ws_roles(threads),
-                    pipelines=[T.WSPipeline("even", [a_tile, b_tile], depth=stages),
-                               T.WSPipeline("odd", [a_odd, b_odd], depth=stages)],
-                    scopes=[
-                        T.WSScope("pairs", {
-                            "TMA": [T.WSSync.producer_acquire("even"), "load_a", "load_b",
-                                    T.WSSync.producer_commit("even"), T.WSSync.producer_acquire("odd"), "load_a_odd",
-                                    "load_b_odd", T.WSSync.producer_commit("odd")],
-                            # even step 2t issued, then the odd step 2t - 1 promoted while it runs; odd step 2t + 1
-                            # issued, even step 2t promoted once its wgmma is in; one full wait a pair
-                            "MMA": ["scales", T.WSSync.consumer_wait("even"), "mma", "promote_odd", "scales_odd",
-                                    T.WSSync.consumer_wait("odd"), "mma_odd", "wait_even",
-                                    T.WSSync.consumer_release("even"), "promote", "wait_odd",
-                                    T.WSSync.consumer_release("odd")],
-                        }),
-                        T.WSScope(T.WSScope.ROOT,
-                                  {"TMA": ["pairs"], "MMA": ["clear", "pairs", "promote_last", "store"]}),
-                    ],
-                ))  # fmt: skip
-                with T.ws_op("clear"):
-                    T.clear(acc)
-                for t in T.Pipelined(T.ceildiv(K, 2 * BLOCK), num_stages=stages, annotations={T.WSID: "pairs"}):
-                    T.copy(A[by * bm, 2 * t * BLOCK], a_tile, annotations={T.WSID: "load_a"})
-                    T.copy(B[bx * BLOCK, 2 * t * BLOCK], b_tile, annotations={T.WSID: "load_b"})
-                    T.copy(A[by * bm, T.min(2 * t + 1, KB - 1) * BLOCK], a_odd, annotations={T.WSID: "load_a_odd"})
-                    T.copy(B[bx * BLOCK, T.min(2 * t + 1, KB - 1) * BLOCK], b_odd, annotations={T.WSID: "load_b_odd"})
-                    with T.ws_op("scales"):
-                        load_scales(row_scale, AS, BS, bx, by, 2 * t)
-                    T.gemm(a_tile, b_tile, step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True,
-                           annotations={T.WSID: "mma", "wg_wait": -1})  # fmt: skip
-                    with T.ws_op("promote_odd"):  # step 2t - 1, complete since the last pair's full wait
-                        if t > 0:
-                            promote(acc, step_odd, scale_odd)
-                    with T.ws_op("scales_odd"):
-                        load_scales(scale_odd, AS, BS, bx, by, T.min(2 * t + 1, KB - 1))
-                    T.gemm(a_odd, b_odd, step_odd, transpose_B=True, policy=T.GemmWarpPolicy.FullRow,
-                           clear_accum=True, annotations={T.WSID: "mma_odd", "wg_wait": -1})  # fmt: skip
-                    with T.ws_op("wait_even"):
-                        T.wait_wgmma(1)
-                    with T.ws_op("promote"):
-                        promote(acc, step, row_scale)
-                    with T.ws_op("wait_odd"):
-                        T.wait_wgmma(0)
-                with T.ws_op("promote_last"):
-                    if KB % 2 == 0:
-                        promote(acc, step_odd, scale_odd)
-                with T.ws_op("store"):
-                    T.copy(acc, out_tile)
-                    T.copy(out_tile, OUT[by * bm, bx * BLOCK])
-            else:
-                T.clear(acc)
-                for k in T.Pipelined(T.ceildiv(K, BLOCK), num_stages=stages):
-                    T.copy(A[by * bm, k * BLOCK], a_tile)
-                    T.copy(B[bx * BLOCK, k * BLOCK], b_tile)
-                    # the step's scales loaded before the product: their latency hides behind the wgmma instead of
-                    # following its wait
-                    load_scales(row_scale, AS, BS, bx, by, k)
-                    # a warp group per 64 rows: m64n128k32 wgmma (the default split of N would issue n64 ones)
-                    T.gemm(a_tile, b_tile, step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-                    promote(acc, step, row_scale)
-                T.copy(acc, out_tile)
-                T.copy(out_tile, OUT[by * bm, bx * BLOCK])
+            T.clear(acc)
+            for k in T.Pipelined(T.ceildiv(K, BLOCK), num_stages=stages):
+                T.copy(A[by * BLOCK, k * BLOCK], a_tile)
+                T.copy(B[bx * bn, k * BLOCK], b_tile)
+                if wide:
+                    T.copy(B[bx * bn + BLOCK, k * BLOCK], b_right)
+                # the step's scales loaded before the products: their latency hides behind the wgmma instead of
+                # following its wait
+                load_scales(row_scale, AS, BS, bx * (bn // BLOCK), by, k)
+                if wide:
+                    load_scales(scale_right, AS, BS, 2 * bx + 1, by, k)
+                # a warp group per 64 rows: m64n128k32 wgmma (the default split of N would issue n64 ones)
+                T.gemm(a_tile, b_tile, step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                promote(acc, step, row_scale)
+                if wide:
+                    T.gemm(a_tile, b_right, step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                    promote(acc_right, step, scale_right)
+            T.copy(acc, out_tile)
+            T.copy(out_tile, OUT[by * BLOCK, bx * bn])
+            if wide:
+                T.copy(acc_right, out_tile)
+                T.copy(out_tile, OUT[by * BLOCK, bx * bn + BLOCK])
 
     return fp8_matmul
 
 
 def variants(dtypes) -> list[tuple[str, str, str]]:
-    """(kernel, "float8_e4m3fn", out dtype) of the default config for each output dtype given (the AOT matrix)."""
-    return [(kernel_name(), "float8_e4m3fn", d) for d in dtypes if d in OUT_DTYPES]
+    """(kernel, "float8_e4m3fn", out dtype) of each configuration and output dtype given (the AOT matrix)."""
+    return [(kernel_name(c), "float8_e4m3fn", d) for c in CONFIGS for d in dtypes if d in OUT_DTYPES]
 
 
 target = tilelang_target
