@@ -13,8 +13,8 @@ and variants of the megakernel that the GPU runs learn from: without the L2 pref
 128 KB of each matrix, or all of it, against the default's 32 KB); weight loads without the L2 evict_first policy; every
 thread polling a counter instead of one a CTA, shorter poll sleeps; GEMV weight tiles of 8192 or 32768 elements
 (tile_budget; the default is kernel.TILE_BUDGET = 16384, two tiles in flight); 4 warps (8192-element tiles: the same
-registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits; 24-row QKV tasks; 16-row O and DOWN tasks; 4x
-O-projection rows; the queues balanced by each task's traced run time (trace.py) instead of its estimated bytes. Every
+registers a thread as 8 warps at 16384) / 16 warps; 4 / 8 KV splits; 24-row QKV tasks; 4x O-projection
+rows; the queues balanced by each task's traced run time (trace.py) instead of its estimated bytes. Every
 megakernel's first launch runs under the watchdog and is compared with the eager step (max |error| recorded).
 
 The floor is (every layer's weights + the KV cache rows read at the context) / the measured copy bandwidth. The
@@ -175,9 +175,6 @@ def bench_shape(
         "megakernel, 8 KV splits": lambda: variant(tiling=replace(step.graph.tiling, kv_splits=8)),
         # QKV tiles of 24 rows (Tiling.auto rounds to 16: 32 rows, 96 tasks on 1B's 132 SMs): 128 shorter tasks
         "megakernel, 24-row QKV tiles": lambda: variant(tiling=replace(step.graph.tiling, qkv=24)),
-        # O and DOWN tasks of 16 rows (Llama-3-8B's default 32: its 32 x 512 weight tiles streamed slower an SM than
-        # 1B's 16 x 1024 in the traces): twice the tasks, two an SM
-        "megakernel, 16-row O / DOWN tasks": lambda: variant(tiling=replace(step.graph.tiling, o=16, down=16)),
         # O-projection tiles of 4x the rows: fewer, longer GEMV tasks
         "megakernel, 4x O rows": lambda: variant(tiling=replace(step.graph.tiling, o=4 * step.graph.tiling.o)),
         # the queues balanced by the traced run time of each task instead of its estimated bytes
