@@ -9,9 +9,10 @@ promotion: the tensor cores' ~14-bit sums never span more than one block), the s
 they wait for the step's tiles (after the wgmma's wait, their latency would add to every step); the result is rounded
 once to out_dtype and leaves through shared memory (a TMA store).
 
-BLOCK_N 256 ("n256", the default) holds two 128-column halves, each with its own b tile, accumulator and scale,
-multiplied in turn into one product tile (a consumer thread: 2 x 64 accumulators + 64 of product, where a 64 x 256
-product would need 256 registers); a step loads 48 KiB for the work that BLOCK_N 128 ("n128") loads 64 KiB for.
+BLOCK_N 256 ("n256", the default) holds two 128-column halves, each with its own accumulator and b scale, multiplied
+in turn into one product tile (a consumer thread: 2 x 64 accumulators + 64 of product, where a 64 x 256 product
+would need 256 registers); a step loads 48 KiB (b's 256 rows in one TMA load) for the work that BLOCK_N 128 ("n128")
+loads 64 KiB for.
 n128 runs where its 128 x 128 tiles fit one wave of the SMs (config_for): there the twice as many, shorter programs
 finish first.
 
@@ -92,13 +93,12 @@ def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict
     ):
         with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, BLOCK), threads=256) as (bx, by):
             a_tile = T.alloc_shared((BLOCK, BLOCK), fp8)
-            b_tile = T.alloc_shared((BLOCK, BLOCK), fp8)
+            b_tile = T.alloc_shared((bn, BLOCK), fp8)
             out_tile = T.alloc_shared((BLOCK, BLOCK), out_dtype)
             acc = T.alloc_fragment((BLOCK, BLOCK), f32)
             step = T.alloc_fragment((BLOCK, BLOCK), f32)
             row_scale = T.alloc_fragment((BLOCK,), f32)
-            if wide:  # the right half's b tile, accumulator and scales
-                b_right = T.alloc_shared((BLOCK, BLOCK), fp8)
+            if wide:  # the right half's accumulator and scales
                 acc_right = T.alloc_fragment((BLOCK, BLOCK), f32)
                 scale_right = T.alloc_fragment((BLOCK,), f32)
                 T.clear(acc_right)
@@ -106,19 +106,19 @@ def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict
             T.clear(acc)
             for k in T.Pipelined(T.ceildiv(K, BLOCK), num_stages=stages):
                 T.copy(A[by * BLOCK, k * BLOCK], a_tile)
-                T.copy(B[bx * bn, k * BLOCK], b_tile)
-                if wide:
-                    T.copy(B[bx * bn + BLOCK, k * BLOCK], b_right)
+                T.copy(B[bx * bn, k * BLOCK], b_tile)  # one TMA load of b's bn rows
                 # the step's scales loaded before the products: their latency hides behind the wgmma instead of
                 # following its wait
                 load_scales(row_scale, AS, BS, bx * (bn // BLOCK), by, k)
                 if wide:
                     load_scales(scale_right, AS, BS, 2 * bx + 1, by, k)
                 # a warp group per 64 rows: m64n128k32 wgmma (the default split of N would issue n64 ones)
-                T.gemm(a_tile, b_tile, step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                T.gemm(a_tile, b_tile[0:BLOCK, :], step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow,
+                       clear_accum=True)
                 promote(acc, step, row_scale)
                 if wide:
-                    T.gemm(a_tile, b_right, step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                    T.gemm(a_tile, b_tile[BLOCK:bn, :], step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow,
+                           clear_accum=True)
                     promote(acc_right, step, scale_right)
             T.copy(acc, out_tile)
             T.copy(out_tile, OUT[by * BLOCK, bx * bn])
