@@ -114,11 +114,11 @@ def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict
                     load_scales(scale_right, AS, BS, 2 * bx + 1, by, k)
                 # a warp group per 64 rows: m64n128k32 wgmma (the default split of N would issue n64 ones)
                 T.gemm(a_tile, b_tile[0:BLOCK, :], step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow,
-                       clear_accum=True)
+                       clear_accum=True)  # fmt: skip
                 promote(acc, step, row_scale)
                 if wide:
                     T.gemm(a_tile, b_tile[BLOCK:bn, :], step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow,
-                           clear_accum=True)
+                           clear_accum=True)  # fmt: skip
                     promote(acc_right, step, scale_right)
             T.copy(acc, out_tile)
             T.copy(out_tile, OUT[by * BLOCK, bx * bn])
