@@ -48,6 +48,8 @@ def prefill_candidates():
         yield core.Blocks(bm, bn, bk, warps, stages, post_scale=False)
     for bm, bn, bk, warps, stages in [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3)]:
         yield core.Blocks(bm, bn, bk, warps, stages, by_nibble=True)  # scales after the product
+    for bn, bk, warps in [(128, 64, 8), (256, 32, 8), (128, 128, 8), (256, 64, 8)]:  # W formed, then cuBLAS
+        yield core.Blocks(128, bn, bk, warps, 1, dequantize_first=True)
 
 
 def main(argv=None):

@@ -67,6 +67,18 @@ def test_decode_sizes_split_k(driver, dtype, m, group_size, zeros):
     np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=tol, atol=tol * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("dtype, zeros", [("bfloat16", False), ("float16", True)])
+def test_prefill_rows_dequantize_first(driver, dtype, zeros):
+    """From DEQUANTIZE_FIRST_ROWS rows the default plan forms W, then runs the framework's GEMM (torch.mm, XLA's
+    dot): against the float64 reference through each framework."""
+    m, k, n = dm.DEQUANTIZE_FIRST_ROWS, 256, 200
+    kwargs = dm.sample(np.random.default_rng(m), (m, k, n), dtype, zeros=zeros, group_size=64)
+    (out,) = driver.call(dm.NAME, kwargs)
+    (ref,) = dm.reference(**kwargs)
+    tol = {"float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+    np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
 def _run_tiles(tiles, m, k, n, group_size, dtype, zeros, seed, tol):
     """dequant_matmul with the launch configuration `tiles` against the float64 reference (relative to its largest
     entry); returns the plan's first launch. On a GPU the plan is built for its target, else for a 4-SM one."""
@@ -99,6 +111,27 @@ def test_gemv_tiles(dtype, zeros, m, rows, block_n, warps, split_k):
     tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
     launch = _run_tiles(tiles, m, 448, 200, 64, dtype, zeros, block_n + split_k, tol)
     assert launch.kernel is dm.dequant_gemv_kernel and launch.constexprs["SPLIT_K"] == split_k
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype, zeros", [("bfloat16", False), ("float16", True), ("float32", True)])
+@pytest.mark.parametrize("m, block_n, block_k, group_size", [(1, 64, 128, 64), (37, 128, 64, 64), (5, 32, 32, 64)])
+def test_dequantize_first_tiles(dtype, zeros, m, block_n, block_k, group_size):
+    """dequantize_kernel then the framework's GEMM: W's tiles past K (448 rows: the last block part-filled) and past
+    N (200 columns), groups narrower, as wide as and wider than a tile, against the float64 reference; the default
+    from DEQUANTIZE_FIRST_ROWS rows of 16-bit a."""
+    from tile_kernels.core.plan import Gemm, Target
+
+    tiles = dm.Blocks(m, block_n, block_k, 4, 1, dequantize_first=True)
+    tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+    launch = _run_tiles(tiles, m, 448, 200, group_size, dtype, zeros, m + block_n, tol)
+    assert launch.kernel is dm.dequantize_kernel
+    plan = dm.forward(m, 200, 448, dtype=dtype, group_size=64, has_zeros=zeros, target=Target(num_sms=4), tiles=tiles)
+    assert isinstance(plan.launches[1], Gemm) and plan.buffers["weight"].shape == (448, 200)
+    rows = dm.DEQUANTIZE_FIRST_ROWS
+    for d, first in [("bfloat16", True), ("float16", True), ("float32", False)]:
+        assert dm.blocks(rows, 4096, 4096, 128, d, Target(num_sms=132)).dequantize_first == first, d
+    assert not dm.blocks(rows - 1, 4096, 4096, 128, "bfloat16", Target(num_sms=132)).dequantize_first
 
 
 @needs_torch

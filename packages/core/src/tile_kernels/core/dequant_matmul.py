@@ -21,10 +21,13 @@ per row block, so at decode sizes the kernels stream the int4 weights, a quarter
     step: a scale per (k, n)).
   * dequant_matmul_t_kernel, tensor cores for up to 16 rows of `a`, transposed (W^T a^T): the codes, two an and-or,
     are the register operand of the product as loaded, no layout conversion (Blocks.transposed; 2-16 rows on sm_90).
+  * dequantize_kernel, then the framework's GEMM (a plan Gemm step), from DEQUANTIZE_FIRST_ROWS rows of 16-bit a: W
+    formed once in a's dtype, exactly as the reference rounds it.
   K may be split over programs (SPLIT_K: decode sizes, so that enough programs stream the weights), the fp32 partial
 products then summed in a fixed order (rows.sum_partials). The reference (`weight`) rounds W to a's dtype, as the
 dequantize-then-multiply it stands for; the POST_SCALE and FMA paths skip that rounding (within the tolerance).
-Design limits: K a multiple of 8 (whole int32 words) and of group_size.
+Design limits: K a multiple of 8 (whole int32 words) and of group_size; from DEQUANTIZE_FIRST_ROWS rows a call
+holds W (K x N in a's dtype) while it runs.
 backend="tilelang" runs dequant_matmul_tilelang's Hopper kernel for prefill sizes (TMA, wgmma, a producer warp group).
 """
 
@@ -41,7 +44,7 @@ from . import backends, checks, dequant_matmul_tilelang
 from .backends import Call
 from .flash_attention import dot
 from .host import ieee_dots
-from .plan import ITEMSIZE, BufferSpec, Launch, Plan, Target, cdiv, in_units
+from .plan import ITEMSIZE, BufferSpec, Gemm, Launch, Plan, Target, cdiv, in_units
 from .registry import BadInput, Cost, OpInfo, gemm_dims, not_arrays, register, round_to
 from .rows import sum_partials
 
@@ -50,6 +53,10 @@ NAME = "dequant_matmul"
 backends.register(NAME, {"triton": None, "tilelang": f"{__package__}.dequant_matmul_tilelang"})
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_ZERO = 8  # the code of 0 when no zeros are given (symmetric int4)
+# from this many rows (16-bit a) W is formed once by dequantize_kernel (a K x N buffer in a's dtype for the call) and
+# multiplied by the framework's GEMM: the prefill-sized product at the vendor GEMM's speed plus one pass over W, where
+# the fused kernels dequantize each weight tile once per row block inside their tensor-core loops
+DEQUANTIZE_FIRST_ROWS = 256
 
 
 @triton.jit
@@ -135,6 +142,40 @@ def dequant_matmul_kernel(
             acc += dot(a, w.to(A.dtype.element_ty), IEEE)
     out = OUT + tl.program_id(2).to(tl.int64) * M * N + rows[:, None].to(tl.int64) * N + cols[None, :]
     tl.store(out, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def dequantize_kernel(
+    QW, S, Z, K, N, group_size, stride_qw, stride_s, stride_z,
+    W,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ZEROS: tl.constexpr, ONE_GROUP: tl.constexpr,
+):  # fmt: skip
+    """Grid (cdiv(K, BLOCK_K), cdiv(N, BLOCK_N)): W (K, N) compact in its dtype = (code - z) s, as the reference forms
+    it (the difference and product exact in fp32, one rounding). ONE_GROUP: BLOCK_K divides group_size, so a tile
+    takes one row of scales (and zeros)."""
+    kk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    words = tl.program_id(0) * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    col_ok = cols < N
+    packed = tl.load(QW + words[:, None].to(tl.int64) * stride_qw + cols[None, :],
+                     mask=(words < K // 8)[:, None] & col_ok[None, :], other=0)  # fmt: skip
+    mask = (kk < K)[:, None] & col_ok[None, :]
+    if ONE_GROUP:
+        group = (tl.program_id(0) * BLOCK_K) // group_size
+        s = tl.load(S + group * stride_s + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if HAS_ZEROS:
+            z = tl.load(Z + group * stride_z + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        else:
+            z = 8.0
+    else:
+        group = (kk // group_size).to(tl.int64)[:, None]
+        s = tl.load(S + group * stride_s + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_ZEROS:
+            z = tl.load(Z + group * stride_z + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        else:
+            z = 8.0
+    w = (_codes(packed).to(tl.float32) - z) * s
+    tl.store(W + kk[:, None].to(tl.int64) * N + cols[None, :], w.to(W.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -341,9 +382,10 @@ def check(a, qweight, scales, group_size=128, zeros=None) -> None:
 
 @dataclass(frozen=True)
 class Blocks:
-    """A launch configuration: the kernel (dequant_gemv_kernel if gemv, dequant_matmul_t_kernel if transposed, else
-    dequant_matmul_kernel), its constexprs of the same names (the GEMV's ROWS: block_m), and the split of K over
-    programs (partial products summed after)."""
+    """A launch configuration: the kernel (dequant_gemv_kernel if gemv, dequant_matmul_t_kernel if transposed,
+    dequantize_kernel's (block_k, block_n) tiles then the vendor GEMM if dequantize_first, else dequant_matmul_kernel),
+    its constexprs of the same names (the GEMV's ROWS: block_m), and the split of K over programs (partial products
+    summed after)."""
 
     block_m: int
     block_n: int
@@ -355,6 +397,7 @@ class Blocks:
     post_scale: bool = True
     by_nibble: bool = False
     transposed: bool = False
+    dequantize_first: bool = False
 
 
 def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) -> Blocks:
@@ -363,9 +406,10 @@ def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) 
     transposed tensor-core kernel (weights in registers), 256 columns, K split for about twelve programs an SM, where
     it applies (transposed_fits, at 256 columns); elsewhere one 16-row tensor-core tile of 256 columns, a product per
     nibble, K split for six; up to 64: 64-row tiles; prefill-sized M: 128 x 128 tiles (16 x 32 in float32) with W
-    formed in a's dtype. BLOCK_K the largest of 128 .. 16 that divides the group (one scale row a step; 32 .. 8 for
-    the FMA kernel). The fastest of benchmarks/sweep_dequant_matmul.py on an H100 and an H200
-    (benchmarks/results/h200/notes.md). Wavefront-64 (AMD) targets, 64 KiB of LDS: one software-pipelining stage."""
+    formed in a's dtype, or from DEQUANTIZE_FIRST_ROWS rows (16-bit a) W formed once, then the vendor GEMM. BLOCK_K
+    the largest of 128 .. 16 that divides the group (one scale row a step; 32 .. 8 for the FMA kernel). The fastest
+    of benchmarks/sweep_dequant_matmul.py on an H100 and an H200 (benchmarks/results/h200/notes.md). Wavefront-64
+    (AMD) targets, 64 KiB of LDS: one software-pipelining stage."""
     stages = 1 if target.warp_size == 64 else 3
 
     def split(block_n, block_k, per_sm=6):  # about per_sm programs an SM, each as many steps (the last may take fewer)
@@ -388,6 +432,8 @@ def blocks(m: int, n: int, k: int, group_size: int, dtype: str, target: Target) 
     if m <= 64:
         block_n = next((b for b in (128, 64) if cdiv(n, b) >= 2 * target.num_sms), 32)
         return Blocks(64, block_n, block_k, 4, stages)
+    if m >= DEQUANTIZE_FIRST_ROWS:  # 64 x 128 tiles of W (32 elements a thread), one group a tile where one divides
+        return Blocks(m, 128, min(block_k, 64), 8, 1, dequantize_first=True)
     return Blocks(128, 128, min(block_k, 64), 8, stages, post_scale=False)
 
 
@@ -427,7 +473,14 @@ def forward(m: int, n: int, k: int, *, dtype: str, group_size: int, has_zeros: b
         reads = ("a", "qweight", "scales", "zeros" if has_zeros else None, m, n, k, group_size, *strides)
         constexprs = dict(BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_K=b.block_k, SPLIT_K=b.split_k,
                           HAS_ZEROS=has_zeros)  # fmt: skip
-        if b.transposed:
+        if b.dequantize_first:  # W formed once in a's dtype, then a @ W by the framework's GEMM
+            buffers["weight"] = BufferSpec((k, n), dtype)
+            reads = ("qweight", "scales", "zeros" if has_zeros else None, k, n, group_size, *strides[1:])
+            constexprs = dict(BLOCK_K=b.block_k, BLOCK_N=b.block_n, HAS_ZEROS=has_zeros, ONE_GROUP=one_group)
+            grid = (cdiv(k, b.block_k), cdiv(n, b.block_n))
+            dequantize = Launch(dequantize_kernel, grid, reads, ("weight",), constexprs, b.warps, 1)
+            launches = (dequantize, Gemm("out", "a", "weight"))
+        elif b.transposed:
             if not transposed_fits(dtype, b.block_k, group_size, n, b.block_n):
                 raise ValueError(f"{NAME}: transposed tiles take 16-bit a, a block_k >= 64 that divides group_size "
                                  f"and N >= block_n, got {dtype}, block_k {b.block_k}, group_size {group_size}, "
@@ -555,10 +608,10 @@ def bad_inputs(kwargs) -> list[BadInput]:
 
 
 def plans(target: Target):
-    """Decode- and prefill-sized tiles for each dtype, with and without zeros, one-group and per-k scale steps; the
-    transposed tiles for 16-bit dtypes."""
+    """Decode- and prefill-sized tiles for each dtype, with and without zeros, one-group and per-k scale steps, W
+    formed first; the transposed tiles for 16-bit dtypes."""
     for dtype in DTYPES:
-        for m, group_size in ((1, 128), (2, 64), (16, 32), (256, 128), (256, 8)):
+        for m, group_size in ((1, 128), (2, 64), (16, 32), (128, 128), (128, 8), (DEQUANTIZE_FIRST_ROWS, 128)):
             for has_zeros in (False, True):
                 k, n = 4 * max(group_size, 128), 4096
                 yield forward(m, n, k, dtype=dtype, group_size=group_size, has_zeros=has_zeros, target=target)
