@@ -6,8 +6,9 @@ partial tile, so the grid covers every group's row tiles whatever the sizes. Eac
 row by a scan of the E sizes (int32, on the device: no host sync); programs past the last tile do nothing. K streams
 through a T.Pipelined loop of `stages` shared buffers: the a tile (rows from the group's start, any row) and b_e's
 tile arrive by TMA (b a 3-D tensor map over (E, K, N)) from a producer warp group, wgmma on the consumers. Rows past
-the group's end (the next group's) are multiplied but not stored: the fp32 tile goes through shared memory and is
-written row-guarded by the consumers (a TMA store would overwrite the next group).
+the group's end (the next group's) are multiplied but not stored: the tile goes through shared memory and leaves by
+one TMA store when it lies inside its group, else (a group's last, part-filled tile) row-guarded by the consumers (a
+TMA store would overwrite the next group).
 
 Design limits: sm_90a only; float16 / bfloat16; compact operands; N and K multiples of 8 (TMA's 16-byte strides); a
 group of fewer than BLOCK_M rows still costs a whole tile; not persistent. The weight gradient stays on the Triton
@@ -103,9 +104,12 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                     T.copy(B[group, k * bk, bx * bn], b_tile)
                 T.gemm(a_tile, b_tile, acc, transpose_B=b_col)
             T.copy(acc, out_tile)
-            for i, j in T.Parallel(bm, bn):
-                if row0 + i < end and bx * bn + j < N:
-                    OUT[row0 + i, bx * bn + j] = out_tile[i, j]
+            if row0 + bm <= end:  # a tile inside its group: one TMA store (columns past N clipped by TMA)
+                T.copy(out_tile, OUT[row0, bx * bn])
+            else:  # the group's last, part-filled tile: its rows only (the next group's rows follow)
+                for i, j in T.Parallel(bm, bn):
+                    if row0 + i < end and bx * bn + j < N:
+                        OUT[row0 + i, bx * bn + j] = out_tile[i, j]
 
     return grouped_rows
 
