@@ -12,9 +12,8 @@ once to out_dtype and leaves through shared memory (a TMA store).
 BLOCK_N 256 ("n256", the default) holds two 128-column halves, each with its own accumulator and b scale, multiplied
 in turn into one product tile (a consumer thread: 2 x 64 accumulators + 64 of product, where a 64 x 256 product
 would need 256 registers); a step loads 48 KiB (b's 256 rows in one TMA load) for the work that BLOCK_N 128 ("n128")
-loads 64 KiB for.
-n128 runs where its 128 x 128 tiles fit one wave of the SMs (config_for): there the twice as many, shorter programs
-finish first.
+loads 64 KiB for. n128 runs where its 128 x 128 tiles fit one wave of the SMs (config_for): there its twice as many,
+shorter programs finish first.
 
 Sizes M, N, K are dynamic (no recompile per shape); rows past M and columns past N read TMA's zero fill and a zero
 scale, and are not stored.
