@@ -199,21 +199,27 @@ def test_torch_opcheck():
     utils = OPCHECK_UTILS
     kwargs = dm.sample(np.random.default_rng(3), (5, 48), "float16", zeros=True, group_size=32)
     a, qweight, scales, zeros = (torch.from_numpy(kwargs[k]).to(dev) for k in ("a", "qweight", "scales", "zeros"))
+    # W formed first (a plan Gemm step) from DEQUANTIZE_FIRST_ROWS rows
+    wide = dm.sample(np.random.default_rng(3), (dm.DEQUANTIZE_FIRST_ROWS, 64, 24), "float16", group_size=32)
+    a2, qweight2, scales2 = (torch.from_numpy(wide[k]).to(dev) for k in ("a", "qweight", "scales"))
     ops = torch.ops.tile_kernels
     for op, args in [(ops.dequant_matmul_fwd.default, (a, qweight, scales, 32, zeros)),
-                     (ops.dequant_matmul.default, (a, qweight, scales, 32, None))]:  # fmt: skip
+                     (ops.dequant_matmul.default, (a, qweight, scales, 32, None)),
+                     (ops.dequant_matmul_fwd.default, (a2, qweight2, scales2, 32, None))]:  # fmt: skip
         result = torch.library.opcheck(op, args, test_utils=utils)
         assert all(v == "SUCCESS" for v in result.values()), (op, result)
 
 
 @needs_torch
 @pytest.mark.skipif(DEVICE != "gpu", reason="torch.compile cannot compile Triton kernels in the interpreter")
-def test_torch_compile_fullgraph_matches_eager():
+@pytest.mark.parametrize("m", [1, dm.DEQUANTIZE_FIRST_ROWS])
+def test_torch_compile_fullgraph_matches_eager(m):
+    """A GEMV and the W-formed-first plan (its Gemm step traced as torch.mm) under torch.compile(fullgraph=True)."""
     import torch
 
     import tile_kernels.torch as tk
 
-    kwargs = dm.sample(np.random.default_rng(4), (1, 1024, 2048), "bfloat16", zeros=True, group_size=128)
+    kwargs = dm.sample(np.random.default_rng(4), (m, 1024, 2048), "bfloat16", zeros=True, group_size=128)
     a, qweight, scales, zeros = (torch.from_numpy(np.asarray(kwargs[k], np.float32) if k != "qweight" else kwargs[k])
                                  for k in ("a", "qweight", "scales", "zeros"))  # fmt: skip
     a, scales, zeros = (t.to("cuda", torch.bfloat16) for t in (a, scales, zeros))
