@@ -59,15 +59,10 @@ def kernel_name(config: str = DEFAULT_CONFIG) -> str:
     return "fp8_matmul" if config == DEFAULT_CONFIG else f"fp8_matmul_{config}"
 
 
-def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict):
-    """The prim_func `kernel` (kernel_name) for one output dtype. Parameters: A (M, K), AS (M, K / 128), B (N, K),
-    BS (N / 128, K / 128) (reads); OUT (M, N) (writes)."""
+def scale_macros(M, NB):  # noqa: N803 - the kernel's dynamic sizes
+    """(load_scales, promote): the T.macro pair that applies the block scales, for a prim_func whose sizes M and NB
+    (= N / 128) are these T.dynamic variables (also the cluster prototype's: benchmarks/proto_fp8_multicast.py)."""
     import tilelang.language as T
-
-    bn, stages = CONFIGS[kernel.removeprefix("fp8_matmul").removeprefix("_") or DEFAULT_CONFIG]
-    wide = bn == 2 * BLOCK
-    fp8, f32 = "float8_e4m3", "float32"
-    M, N, K, KB, NB = T.dynamic("M N K KB NB")  # noqa: N806 - sizes; KB = K / 128, NB = N / 128
 
     @T.macro
     def load_scales(row_scale, AS, BS, nb, by, k):  # noqa: N803
@@ -81,6 +76,21 @@ def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict
         """acc += the step's product x its scales, as the Triton kernel."""
         for i, j in T.Parallel(BLOCK, BLOCK):
             acc[i, j] += step[i, j] * row_scale[i]
+
+    return load_scales, promote
+
+
+def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict):
+    """The prim_func `kernel` (kernel_name) for one output dtype. Parameters: A (M, K), AS (M, K / 128), B (N, K),
+    BS (N / 128, K / 128) (reads); OUT (M, N) (writes)."""
+    import tilelang.language as T
+
+    bn, stages = CONFIGS[kernel.removeprefix("fp8_matmul").removeprefix("_") or DEFAULT_CONFIG]
+    wide = bn == 2 * BLOCK
+    fp8, f32 = "float8_e4m3", "float32"
+    M, N, K, KB, NB = T.dynamic("M N K KB NB")  # noqa: N806 - sizes; KB = K / 128, NB = N / 128
+
+    load_scales, promote = scale_macros(M, NB)
 
     @T.prim_func
     def fp8_matmul(
