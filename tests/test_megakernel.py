@@ -826,7 +826,7 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 32, 4, 2, 8, 48))
     monkeypatch.setattr(bench, "CONTEXT", 9)
     result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path))
-    assert result["notes"] == {} and len(calls) == len(result["us"]) == 22
+    assert result["notes"] == {} and len(calls) == len(result["us"]) == 21
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})
