@@ -161,7 +161,7 @@ def dequantize_kernel(
                      mask=(words < K // 8)[:, None] & col_ok[None, :], other=0)  # fmt: skip
     mask = (kk < K)[:, None] & col_ok[None, :]
     if ONE_GROUP:
-        group = (tl.program_id(0) * BLOCK_K) // group_size
+        group = ((tl.program_id(0) * BLOCK_K) // group_size).to(tl.int64)
         s = tl.load(S + group * stride_s + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if HAS_ZEROS:
             z = tl.load(Z + group * stride_z + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
