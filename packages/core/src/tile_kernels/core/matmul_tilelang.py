@@ -114,6 +114,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     b_col, config, has_bias, activation, has_residual = _parse(kernel)
     has_activation = activation is not None
     bm, bn, bk, stages, threads, persistent = CONFIGS[config]
+    policy = T.GemmWarpPolicy.FullRow if config == "fullrow" else T.GemmWarpPolicy.Square  # Square: T.gemm's default
     f32 = "float32"
     M, N, K = T.dynamic("M N K")  # noqa: N806 - sizes
     b_shape, b_tile = ((N, K), (bn, bk)) if b_col else ((K, N), (bk, bn))
@@ -128,10 +129,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                 T.copy(B[bx * bn, k * bk], b_tile_s)
             else:
                 T.copy(B[k * bk, bx * bn], b_tile_s)
-            if config == "fullrow":
-                T.gemm(a_tile, b_tile_s, acc, transpose_B=b_col, policy=T.GemmWarpPolicy.FullRow)
-            else:
-                T.gemm(a_tile, b_tile_s, acc, transpose_B=b_col)
+            T.gemm(a_tile, b_tile_s, acc, transpose_B=b_col, policy=policy)
         if has_residual:  # the residual tile into the output's buffer (zero past M and N)
             T.copy(RES[by * bm, bx * bn], out_tile)
         if has_bias:
