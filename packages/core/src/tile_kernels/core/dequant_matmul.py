@@ -160,20 +160,17 @@ def dequantize_kernel(
     packed = tl.load(QW + words[:, None].to(tl.int64) * stride_qw + cols[None, :],
                      mask=(words < K // 8)[:, None] & col_ok[None, :], other=0)  # fmt: skip
     mask = (kk < K)[:, None] & col_ok[None, :]
-    if ONE_GROUP:
+    if ONE_GROUP:  # one row of scales (and zeros) for the tile
         group = ((tl.program_id(0) * BLOCK_K) // group_size).to(tl.int64)
-        s = tl.load(S + group * stride_s + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        if HAS_ZEROS:
-            z = tl.load(Z + group * stride_z + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        else:
-            z = 8.0
-    else:
+        group_mask = col_ok[None, :]
+    else:  # each k's group row
         group = (kk // group_size).to(tl.int64)[:, None]
-        s = tl.load(S + group * stride_s + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        if HAS_ZEROS:
-            z = tl.load(Z + group * stride_z + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        else:
-            z = 8.0
+        group_mask = mask
+    s = tl.load(S + group * stride_s + cols[None, :], mask=group_mask, other=0.0).to(tl.float32)
+    if HAS_ZEROS:
+        z = tl.load(Z + group * stride_z + cols[None, :], mask=group_mask, other=0.0).to(tl.float32)
+    else:
+        z = 8.0
     w = (_codes(packed).to(tl.float32) - z) * s
     tl.store(W + kk[:, None].to(tl.int64) * N + cols[None, :], w.to(W.dtype.element_ty), mask=mask)
 
