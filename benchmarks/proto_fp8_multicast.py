@@ -131,8 +131,7 @@ def prim_func(out_dtype: str = "bfloat16", multicast: bool = True):
                     s = k % STAGES
                     phase = (k // STAGES) % 2
                     # the scales before the wait: their latency hides behind it
-                    load_scales(row_scale, AS, BS, bn * 2, bm, k)
-                    load_scales(scale_right, AS, BS, bn * 2 + 1, bm, k)
+                    load_scales(row_scale, AS, BS, bn * 2, bm, k, scale_right)
                     T.mbarrier_wait_parity(full[s], phase)
                     T.gemm(a_tile[s, :, :], b_tile[s, 0:BLOCK, :], step, transpose_B=True,
                            policy=T.GemmWarpPolicy.FullRow, clear_accum=True)  # fmt: skip

@@ -65,11 +65,14 @@ def scale_macros(M, NB):  # noqa: N803 - the kernel's dynamic sizes
     import tilelang.language as T
 
     @T.macro
-    def load_scales(row_scale, AS, BS, nb, by, k):  # noqa: N803
-        """Step k's scale of each row: a's row scale x the scale of b's 128-row block nb (0 past M or N)."""
+    def load_scales(row_scale, AS, BS, nb, by, k, scale_right=None):  # noqa: N803
+        """Step k's scale of each row: a's row scale x the scale of b's 128-row block nb (0 past M or N); with
+        scale_right, also the scales of block nb + 1 there, from the same load of a's scales."""
         for i in T.Parallel(BLOCK):
             a_scale = T.if_then_else(by * BLOCK + i < M, AS[by * BLOCK + i, k], T.float32(0))
             row_scale[i] = a_scale * T.if_then_else(nb < NB, BS[nb, k], T.float32(0))
+            if scale_right is not None:
+                scale_right[i] = a_scale * T.if_then_else(nb + 1 < NB, BS[nb + 1, k], T.float32(0))
 
     @T.macro
     def promote(acc, step, row_scale):
@@ -107,6 +110,7 @@ def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict
             acc = T.alloc_fragment((BLOCK, BLOCK), f32)
             step = T.alloc_fragment((BLOCK, BLOCK), f32)
             row_scale = T.alloc_fragment((BLOCK,), f32)
+            acc_right = scale_right = None
             if wide:  # the right half's accumulator and scales
                 acc_right = T.alloc_fragment((BLOCK, BLOCK), f32)
                 scale_right = T.alloc_fragment((BLOCK,), f32)
@@ -118,9 +122,7 @@ def prim_func(kernel: str, _in_dtype: str, out_dtype: str, tilelang_target: dict
                 T.copy(B[bx * bn, k * BLOCK], b_tile)  # one TMA load of b's bn rows
                 # the step's scales loaded before the products: their latency hides behind the wgmma instead of
                 # following its wait
-                load_scales(row_scale, AS, BS, bx * (bn // BLOCK), by, k)
-                if wide:
-                    load_scales(scale_right, AS, BS, 2 * bx + 1, by, k)
+                load_scales(row_scale, AS, BS, bx * (bn // BLOCK), by, k, scale_right if wide else None)
                 # a warp group per 64 rows: m64n128k32 wgmma (the default split of N would issue n64 ones)
                 T.gemm(a_tile, b_tile[0:BLOCK, :], step, transpose_B=True, policy=T.GemmWarpPolicy.FullRow,
                        clear_accum=True)  # fmt: skip
