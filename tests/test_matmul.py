@@ -209,18 +209,6 @@ def test_tilelang_backend_on_the_cpu_is_a_clear_error():
 
 
 @needs_tilelang
-def test_tilelang_fullrow_config_gives_each_consumer_group_whole_rows():
-    """The default splits the 128 x 256 tile's columns between the two consumer groups (m64n128k16 wgmmas); "fullrow"
-    gives each 64 whole rows (m64n256k16)."""
-    from tile_kernels.core import matmul_tilelang as tl_mm
-
-    for config, n in (("default", 128), ("fullrow", 256)):
-        name = tl_mm.kernel_name(True, config)
-        source = tl_mm.lower(name, "bfloat16", "bfloat16", tl_mm.target(90)).kernel_source
-        assert f"kBFloat16, tl::DataType::kFloat32, 64, {n}, 16," in source, config
-
-
-@needs_tilelang
 @pytest.mark.parametrize("b_col, epilogue", [(False, False), (True, False), (False, True)])
 def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code(b_col, epilogue):
     """TMA loads, wgmma and a producer warp group (register reallocation) in the lowered sm_90a source; with the

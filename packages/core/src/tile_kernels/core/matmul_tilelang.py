@@ -30,15 +30,13 @@ SWIZZLE = 8  # tile columns a panel
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, stages, threads, persistent) by config name; "default" is what backend="tilelang" runs:
 # 128 x 256 tiles in two consumer warp groups (TileLang's default policy gives each 128 x 128 of the tile: 128
-# registers of accumulator a thread, m64n128k16 wgmmas), 3 stages of 48 KiB, one program a tile. "fullrow": the same
-# tiles with each group taking 64 whole rows (GemmWarpPolicy.FullRow: m64n256k16, 10 KiB of shared operands read per
-# 262K multiply-adds against the default's 12, as fp8_matmul_tilelang's tiles do); sm_90a build without spills, not
-# yet timed. A persistent config runs PERSISTENT_PROGRAMS programs that walk the tiles (T.Persistent,
-# grouped by 8 tile rows) instead: candidates for benchmarks/sweep_matmul.py, 0.86-0.92x cuBLAS on an H200 (slower
-# than one program a tile; with an epilogue 0.37x: benchmarks/results/h200/notes.md). The k128 configs halve the K
-# steps: TileLang's automatic warp specialization waits for every step's wgmmas (`warpgroup_wait<0>`) before it
-# releases the stage and issues the next, so the tensor cores idle once a step (sm_90a build: no spills, the output
-# tile in the stages' shared memory; not yet timed).
+# registers of accumulator a thread, m64n128k16 wgmmas), 3 stages of 48 KiB, one program a tile. The others are
+# candidates for benchmarks/sweep_matmul.py. A persistent config runs PERSISTENT_PROGRAMS programs that walk the tiles
+# (T.Persistent, grouped by 8 tile rows): 0.86-0.92x cuBLAS on an H200 (slower than one program a tile; with an
+# epilogue 0.37x). The k128 configs halve the K steps (TileLang's automatic warp specialization waits for every step's
+# wgmmas before it releases the stage, so the tensor cores idle once a step): 0.93-1.01x the default on an H100.
+# Measured and dropped: each consumer group 64 whole rows (m64n256k16), 0.94-1.02x the default on an H100
+# (benchmarks/results/h200/notes.md).
 CONFIGS = {
     "default": (128, 256, 64, 3, 256, False),
     "m128n128s4": (128, 128, 64, 4, 256, False),
@@ -47,7 +45,6 @@ CONFIGS = {
     "m128n128k128s3": (128, 128, 128, 3, 256, False),
     "persistent": (128, 256, 64, 3, 256, True),
     "persistentm256n128": (256, 128, 64, 3, 256, True),
-    "fullrow": (128, 256, 64, 3, 256, False),
 }
 PERSISTENT_PROGRAMS = 132  # the SMs of an H100 SXM / H200 (on fewer SMs still correct, the waves less even)
 DEFAULT_CONFIG = "default"
@@ -114,7 +111,6 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     b_col, config, has_bias, activation, has_residual = _parse(kernel)
     has_activation = activation is not None
     bm, bn, bk, stages, threads, persistent = CONFIGS[config]
-    policy = T.GemmWarpPolicy.FullRow if config == "fullrow" else T.GemmWarpPolicy.Square  # Square: T.gemm's default
     f32 = "float32"
     M, N, K = T.dynamic("M N K")  # noqa: N806 - sizes
     b_shape, b_tile = ((N, K), (bn, bk)) if b_col else ((K, N), (bk, bn))
@@ -129,7 +125,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                 T.copy(B[bx * bn, k * bk], b_tile_s)
             else:
                 T.copy(B[k * bk, bx * bn], b_tile_s)
-            T.gemm(a_tile, b_tile_s, acc, transpose_B=b_col, policy=policy)
+            T.gemm(a_tile, b_tile_s, acc, transpose_B=b_col)
         if has_residual:  # the residual tile into the output's buffer (zero past M and N)
             T.copy(RES[by * bm, bx * bn], out_tile)
         if has_bias:
