@@ -39,9 +39,10 @@ def test_uneven_groups_short_and_long_sums(driver, sizes):
 @needs_torch
 @pytest.mark.parametrize("panel", [1, 4])
 def test_panel_order_covers_every_tile(monkeypatch, panel):
-    """grouped_rows_kernel with PANEL (row tiles visited in panels across the column tiles, for L2 reuse): 10 x 7
-    tiles of 16 x 16 (9 row tiles hold rows), the last panel of 4 two tiles wide and holding rows; the forward and dx
-    against the float64 reference."""
+    """grouped_rows_kernel and grouped_weight_grad_kernel with PANEL (tiles visited in panels across the column
+    tiles, for L2 reuse): the forward's 10 x 7 tiles of 16 x 16 (9 row tiles hold rows), its last panel of 4 two tiles
+    wide and holding rows; dW's 6 x 7 a group, its last panel of 4 two K tiles wide; the forward, dx and dW against
+    the float64 reference."""
     import torch
 
     from tile_kernels.core.plan import Target
@@ -49,7 +50,7 @@ def test_panel_order_covers_every_tile(monkeypatch, panel):
 
     monkeypatch.setattr(gm, "blocks", lambda *a: gm.Blocks(16, 16, 16, 4, 1, panel))
     rng = np.random.default_rng(panel)
-    t, k, n, sizes = 117, 24, 100, [17, 100]
+    t, k, n, sizes = 117, 88, 100, [17, 100]
     kwargs = {"x": rng.standard_normal((t, k)).astype(np.float32),
               "weights": (rng.standard_normal((len(sizes), k, n)) / np.sqrt(k)).astype(np.float32),
               "group_sizes": np.array(sizes, np.int32)}  # fmt: skip
@@ -60,8 +61,10 @@ def test_panel_order_covers_every_tile(monkeypatch, panel):
     (out,) = Executor(gm.forward(t, k, n, len(sizes), dtype="float32", target=target))(x, w, g, device=x.device)
     assert_close("grouped_matmul", out.double().cpu().numpy(), gm.reference(**kwargs)[0], "float32")
     plan = gm.backward(t, k, n, len(sizes), dtype="float32", target=target)
-    dx, _ = Executor(plan)(torch.from_numpy(dy).to(dev), x, w, g, device=x.device)
-    assert_close("dx", dx.double().cpu().numpy(), gm.reference_vjp(kwargs, (dy,))["x"], "float32")
+    dx, dw = Executor(plan)(torch.from_numpy(dy).to(dev), x, w, g, device=x.device)
+    want = gm.reference_vjp(kwargs, (dy,))
+    assert_close("dx", dx.double().cpu().numpy(), want["x"], "float32")
+    assert_close("dweights", dw.double().cpu().numpy(), want["weights"], "float32")
 
 
 @needs_jax

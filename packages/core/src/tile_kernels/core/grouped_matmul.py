@@ -100,15 +100,23 @@ def grouped_rows_kernel(
 def grouped_weight_grad_kernel(
     X, DY, SIZES, T, K, N, ldx, ldy,
     DW,
-    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, IEEE: tl.constexpr, UNIT: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, IEEE: tl.constexpr, PANEL: tl.constexpr,
+    UNIT: tl.constexpr,
 ):  # fmt: skip
     """DW[e, k, n] = sum over the rows t of group e of X[t, k] DY[t, n]; grid (cdiv(K, BLOCK_K) cdiv(N, BLOCK_N), E);
-    DW (E, K, N) compact."""
+    DW (E, K, N) compact. PANEL > 0: an expert's programs in launch order visit panels of PANEL K tiles across every N
+    tile (a wave reads the group's rows of x and dy from L2), else the K tiles one after another across the N tiles."""
     K, N, ldx, ldy = K * UNIT, N * UNIT, ldx * UNIT, ldy * UNIT  # plan.in_units
     e = tl.program_id(1)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    ks = (tl.program_id(0) // tiles_n) * BLOCK_K + tl.arange(0, BLOCK_K)
-    ns = (tl.program_id(0) % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_k, pid_n = tl.program_id(0) // tiles_n, tl.program_id(0) % tiles_n
+    if PANEL:
+        order = tl.program_id(0)
+        first = order // (PANEL * tiles_n) * PANEL
+        width = tl.minimum(tl.cdiv(K, BLOCK_K) - first, PANEL)  # the last panel's may be narrower
+        pid_k, pid_n = first + order % (PANEL * tiles_n) % width, order % (PANEL * tiles_n) // width
+    ks = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_ok, n_ok = ks < K, ns < N
     start = e * 0
     for i in range(e):
@@ -151,7 +159,7 @@ class Blocks:
     block_r: int  # the reduced dim's step
     warps: int
     stages: int
-    panel: int = 0  # grouped_rows_kernel's PANEL (0: launch order)
+    panel: int = 0  # the kernels' PANEL (0: launch order)
 
 
 def blocks(rows: int, n: int, r: int, dtype: str, target: Target) -> Blocks:
@@ -247,7 +255,7 @@ def backward(t: int, k: int, n: int, e: int, *, dtype: str, target: Target) -> P
         bl = blocks(k, n, t, dtype, target)
         ieee = ieee_dots(dtype)
         grid = (cdiv(k, bl.block_m) * cdiv(n, bl.block_n), e)
-        constexprs = dict(BLOCK_K=bl.block_m, BLOCK_N=bl.block_n, BLOCK_T=bl.block_r, IEEE=ieee)
+        constexprs = dict(BLOCK_K=bl.block_m, BLOCK_N=bl.block_n, BLOCK_T=bl.block_r, IEEE=ieee, PANEL=bl.panel)
         reads = ("x", "dy", "group_sizes", t, k, n, k, n)
         launch = Launch(grouped_weight_grad_kernel, grid, reads, ("dweights",), constexprs, bl.warps, bl.stages)
         launches += (in_units(launch, "K", "N", "ldx", "ldy", units=(16, 8)),)
