@@ -4,9 +4,11 @@ autograd) beside torch._grouped_mm in the same run, bf16, groups of equal size. 
 and down projections (8 experts, 8192 tokens x top-2); torch._grouped_mm stops the run with a device assert at 64
 experts, DeepSeek-V2-Lite's shape (benchmarks/results/h200/notes.md). Each line: us and TFLOP/s of the forward and of
 the step, their ratios to torch._grouped_mm; the default last. On Hopper also the TileLang forward's configurations
-(core.grouped_matmul_tilelang.CONFIGS; its step runs the Triton backward).
+(core.grouped_matmul_tilelang.CONFIGS; its step runs the Triton backward). With --kernels, each configuration's
+line also gives the backward's two kernels (torch.profiler device time of one backward: dx, the row kernel, and dW,
+the weight-gradient kernel) beside torch._grouped_mm's dx and dW products timed alone.
 
-    python benchmarks/sweep_grouped_matmul.py [--shape 8,16384,4096,14336 ...] [--out FILE]
+    python benchmarks/sweep_grouped_matmul.py [--shape 8,16384,4096,14336 ...] [--kernels] [--out FILE]
 """
 
 from __future__ import annotations
@@ -22,15 +24,34 @@ from tile_kernels.core import grouped_matmul as core
 from tile_kernels.core import grouped_matmul_tilelang
 from tile_kernels.torch import _runtime
 from tile_kernels.torch._calls import cuda_arch
+from tile_kernels.torch.grouped_matmul import grouped_matmul_bwd
 
 SHAPES = ((8, 16384, 4096, 14336), (8, 16384, 14336, 4096))
 CANDIDATES = [core.Blocks(*c) for c in [(64, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3),
                                          (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 32, 4, 4),
                                          (64, 256, 64, 8, 3), (128, 64, 64, 4, 4), (128, 256, 64, 8, 3, 8),
-                                         (128, 128, 64, 8, 3, 8)]]  # fmt: skip
+                                         (128, 128, 64, 8, 3, 8), (128, 256, 64, 8, 3, 16)]]  # fmt: skip
 
 
-def sweep(e: int, t: int, k: int, n: int, say) -> None:
+BACKWARD_KERNELS = {"grouped_rows_kernel": "dx", "grouped_weight_grad_kernel": "dW"}
+
+
+def backward_kernels(backward) -> str:
+    """'dx <us>, dW <us>': device time of the backward's kernels, the mean of 5 profiled calls of `backward`."""
+    backward()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            backward()
+        torch.cuda.synchronize()
+    times = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.name in BACKWARD_KERNELS:
+            times.setdefault(BACKWARD_KERNELS[event.name], []).append(event.device_time)
+    return ", ".join(f"{label} {sum(v) / len(v):.0f} us" for label, v in sorted(times.items(), reverse=True))
+
+
+def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False) -> None:
     g = torch.Generator("cuda").manual_seed(0)
     x = torch.randn(t, k, generator=g, device="cuda").to(torch.bfloat16).requires_grad_()
     w = (torch.randn(e, k, n, generator=g, device="cuda") / k**0.5).to(torch.bfloat16).requires_grad_()
@@ -53,6 +74,11 @@ def sweep(e: int, t: int, k: int, n: int, say) -> None:
     peer_step = triton.testing.do_bench(lambda: step(peer))
     say(f"{name} torch._grouped_mm: fwd {peer_fwd * 1e3:.0f} us {flops / peer_fwd / 1e9:.0f} TFLOP/s, step "
         f"{peer_step * 1e3:.0f} us {3 * flops / peer_step / 1e9:.0f} TFLOP/s")  # fmt: skip
+    x0, w0 = x.detach(), w.detach()
+    if kernels:
+        peer_dx = triton.testing.do_bench_cudagraph(lambda: torch._grouped_mm(dy, w0.transpose(1, 2), offs=offs))
+        peer_dw = triton.testing.do_bench_cudagraph(lambda: torch._grouped_mm(x0.t(), dy, offs=offs))
+        say(f"{name} torch._grouped_mm backward products: dx {peer_dx * 1e3:.0f} us, dW {peer_dw * 1e3:.0f} us")
     default = core.blocks
     for b in [*CANDIDATES, "DEFAULT"]:
         core.blocks = default if b == "DEFAULT" else (lambda *a, _b=b: _b)
@@ -60,13 +86,14 @@ def sweep(e: int, t: int, k: int, n: int, say) -> None:
         try:
             fwd = triton.testing.do_bench_cudagraph(lambda: ours().detach())
             st = triton.testing.do_bench(lambda: step(ours))
+            bwd = "; backward " + backward_kernels(lambda: grouped_matmul_bwd(dy, x0, w0, sizes)) if kernels else ""
         except Exception as ex:  # a configuration that does not compile (shared memory, registers)
             say(f"{name} {b}: {type(ex).__name__}: {str(ex)[:120]}")
             continue
         finally:
             core.blocks = default
         say(f"{name} {b}: fwd {fwd * 1e3:.0f} us {flops / fwd / 1e9:.0f} TFLOP/s {peer_fwd / fwd:.2f}x, step "
-            f"{st * 1e3:.0f} us {3 * flops / st / 1e9:.0f} TFLOP/s {peer_step / st:.2f}x")  # fmt: skip
+            f"{st * 1e3:.0f} us {3 * flops / st / 1e9:.0f} TFLOP/s {peer_step / st:.2f}x{bwd}")  # fmt: skip
     _runtime._cached_executor.cache_clear()
     if cuda_arch(x.device) not in grouped_matmul_tilelang.ARCHS:
         return
@@ -90,6 +117,7 @@ def sweep(e: int, t: int, k: int, n: int, say) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", action="append", help="E,T,K,N (repeatable; default: SHAPES)")
+    parser.add_argument("--kernels", action="store_true", help="also the backward's dx and dW kernels, and torch's")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     shapes = [tuple(int(d) for d in s.split(",")) for s in args.shape] if args.shape else SHAPES
@@ -97,7 +125,7 @@ def main(argv=None):
 
     say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     for shape in shapes:
-        sweep(*shape, say)
+        sweep(*shape, say, args.kernels)
     say.save()
 
 
