@@ -143,9 +143,11 @@ def test_bench_peers(framework):
 
 
 def test_tilelang_backend_plan_and_refusals():
-    """backend="tilelang": clear errors for float32, unaligned K or N and GPUs other than Hopper; its plan one Call
+    """backend="tilelang": clear errors for float32, unaligned K or N and GPUs other than Hopper; its forward one Call
     that reads and writes the zeroed output (rows outside every group stay 0, also in JAX), or the Triton plan for an
-    empty product; backend=None picks it on Hopper from MIN_TILELANG_ROWS tokens for the inputs it runs."""
+    empty product; its backward the Triton plan's inputs and outputs, dx one Call of the transposed-b kernel into the
+    zeroed dx, dW the Triton kernel; backend=None picks its forward on Hopper from MIN_TILELANG_ROWS tokens for the
+    inputs it runs."""
     from tile_kernels.core import backends
     from tile_kernels.core.backends import Call
     from tile_kernels.core.plan import Target
@@ -171,6 +173,18 @@ def test_tilelang_backend_plan_and_refusals():
     assert plan.buffers["out"].zeroed and call.key == "tile_kernels_tilelang_grouped_rows_bfloat16_sm90"
     empty = gm.compiled_forward("tilelang", 300, 0, 512, 8, dtype="bfloat16", arch=90, target=target)
     assert all(type(s) is not Call for s in empty.launches)
+    backward = gm.compiled_backward("tilelang", 300, 256, 512, 8, dtype="bfloat16", arch=90, target=target)
+    triton = gm.backward(300, 256, 512, 8, dtype="bfloat16", target=target)
+    assert (backward.inputs, backward.buffers, backward.outputs) == (triton.inputs, triton.buffers, triton.outputs)
+    call, weight_grad = backward.launches
+    assert type(call) is Call and call.reads == ("dy", "weights", "group_sizes", "dx") and call.writes == ("dx",)
+    assert call.key == "tile_kernels_tilelang_grouped_rows_bcol_bfloat16_sm90" and backward.buffers["dx"].zeroed
+    assert weight_grad == triton.launches[1] and weight_grad.kernel is gm.grouped_weight_grad_kernel
+    for k, n in ((256, 0), (0, 512)):  # no product to reduce (dx 0), no dx columns: Triton's plan
+        empty = gm.compiled_backward("tilelang", 300, k, n, 8, dtype="bfloat16", arch=90, target=target)
+        assert all(type(s) is not Call for s in empty.launches)
+    with pytest.raises(ValueError, match="grouped_matmul: backend 'tilelang' needs K and N multiples of 8"):
+        gm.compiled_backward("tilelang", 300, 256, 500, 8, dtype="bfloat16", arch=90, target=target)
 
 
 @needs_tilelang
@@ -194,7 +208,8 @@ def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code(b_col):
 @pytest.mark.parametrize("sizes", [[0, 70, 0, 1, 129], [300, 0], [1000, 24, 0, 513], [0, 0, 0]])
 def test_tilelang_matches_the_reference(framework, dtype, sizes):
     """Groups of 0, 1, a tile + 1 and several tiles, sums past T and short of it (those rows 0), both frameworks:
-    the forward against the float64 reference, and the gradients (the Triton backward) through autograd / vjp."""
+    the forward against the float64 reference, and the gradients (dx through the TileLang kernel, dW Triton's)
+    through autograd / vjp."""
     import torch
 
     from tile_kernels.core.registry import round_to

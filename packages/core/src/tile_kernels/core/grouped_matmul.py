@@ -14,8 +14,9 @@ Kernels (Triton; compact row-major operands):
     the E sizes, programs past the last tile run no loop.
   * grouped_weight_grad_kernel, dweights[e] = x[rows of e].T @ dy[rows of e]: grid (tiles of (K, N), E), each program
     streams its group's rows (an empty group writes zeros).
-Design limits: no persistent scheduler or TMA. backend="tilelang" runs the forward on grouped_matmul_tilelang's Hopper
-row kernel (TMA, wgmma, a producer warp group); its backward stays on these kernels.
+Design limits: no persistent scheduler or TMA. backend="tilelang" runs the forward and dx on grouped_matmul_tilelang's
+Hopper row kernel (TMA, wgmma, a producer warp group; dx with weights[e] read transposed in place), dW on
+grouped_weight_grad_kernel (compiled_forward, compiled_backward); backend=None runs the backward on these kernels.
 """
 
 from __future__ import annotations
@@ -211,10 +212,10 @@ MIN_TILELANG_ROWS = 4096  # preferred_backend: fewer tokens run Triton's 64-row 
 
 
 def preferred_backend(arch: int, dtype: str, t: int, k: int, n: int) -> str:
-    """backend=None's choice on compute capability `arch` (0: not a CUDA device): "tilelang" (its forward; Triton's
-    backward) on sm_90 for the inputs it runs with T >= MIN_TILELANG_ROWS and N > K, else "triton". H200, 2026-12-04,
-    bf16, E8 T16384, forward device time against Triton's tiles: up projection (K 4096, N 14336) 521 TFLOP/s against
-    482-494, down projection (K 14336, N 4096) 543 against 563-570; torch._grouped_mm 709 / 722
+    """backend=None's choice on compute capability `arch` (0: not a CUDA device): "tilelang" (its forward; the
+    backward Triton's) on sm_90 for the inputs it runs with T >= MIN_TILELANG_ROWS and N > K, else "triton". H200,
+    2026-12-04, bf16, E8 T16384, forward device time against Triton's tiles: up projection (K 4096, N 14336) 521
+    TFLOP/s against 482-494, down projection (K 14336, N 4096) 543 against 563-570; torch._grouped_mm 709 / 722
     (benchmarks/results/h200/notes.md)."""
     tilelang = arch in grouped_matmul_tilelang.ARCHS and t >= MIN_TILELANG_ROWS and n > k
     return "tilelang" if tilelang and not grouped_matmul_tilelang.unsupported(dtype, k, n, arch) else "triton"
@@ -242,15 +243,13 @@ def compiled_forward(backend: str, t: int, k: int, n: int, e: int, *, dtype: str
     return Plan(inputs, {"out": BufferSpec((t, n), dtype, zeroed=True)}, steps, ("out",))
 
 
-def backward(t: int, k: int, n: int, e: int, *, dtype: str, target: Target) -> Plan:
+def _backward_plan(dx_step, t: int, k: int, n: int, e: int, dtype: str, target: Target) -> Plan:
     """Inputs dy (T, N), x (T, K), weights (E, K, N), group_sizes (E,), compact. Outputs dx (T, K) (zeroed first) and
-    dweights (E, K, N)."""
+    dweights (E, K, N): dx by the step `dx_step` makes (None: an empty product), dW by grouped_weight_grad_kernel."""
     inputs = {"dy": dtype, "x": dtype, "weights": dtype, "group_sizes": "int32"}
     buffers = {"dx": BufferSpec((t, k), dtype, zeroed=True),
                "dweights": BufferSpec((e, k, n), dtype, zeroed=not (k and n and e))}  # fmt: skip
-    launches = ()
-    if t and k and e:
-        launches += (_rows_launch("dy", "weights", "dx", t, e, k, n, True, k * n, dtype, target),)
+    launches = (dx_step(),) if t and k and e else ()
     if k and n and e:
         bl = blocks(k, n, t, dtype, target)
         ieee = ieee_dots(dtype)
@@ -260,6 +259,28 @@ def backward(t: int, k: int, n: int, e: int, *, dtype: str, target: Target) -> P
         launch = Launch(grouped_weight_grad_kernel, grid, reads, ("dweights",), constexprs, bl.warps, bl.stages)
         launches += (in_units(launch, "K", "N", "ldx", "ldy", units=(16, 8)),)
     return Plan(inputs, buffers, launches, ("dx", "dweights"))
+
+
+def backward(t: int, k: int, n: int, e: int, *, dtype: str, target: Target) -> Plan:
+    """The backward on the Triton kernels (_backward_plan's inputs and outputs)."""
+    return _backward_plan(lambda: _rows_launch("dy", "weights", "dx", t, e, k, n, True, k * n, dtype, target),
+                          t, k, n, e, dtype, target)  # fmt: skip
+
+
+def compiled_backward(backend: str, t: int, k: int, n: int, e: int, *, dtype: str, arch: int, target: Target,
+                      tile_config: str | None = None) -> Plan:  # fmt: skip
+    """`backward` with dx = dy @ weights[e].T on the TileLang row kernel (weights read transposed in place, a Call
+    that reads and writes the zeroed dx) for compute capability `arch`; dW on grouped_weight_grad_kernel.
+    `tile_config`: one of grouped_matmul_tilelang.CONFIGS (None: its default)."""
+    check_backend(backend, dtype, n, k, arch)  # dx reduces N into K columns
+    if not n:
+        return backward(t, k, n, e, dtype=dtype, target=target)
+    module = backends.module(NAME, backend)
+    kernel = module.kernel_name(True, tile_config or module.DEFAULT_CONFIG)
+    load = functools.partial(module.function, kernel, dtype, dtype, arch)
+    reads = ("dy", "weights", "group_sizes", "dx")
+    call = Call(f"tile_kernels_{backend}_{kernel}_{dtype}_sm{arch}", load, reads, ("dx",))
+    return _backward_plan(lambda: call, t, k, n, e, dtype, target)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """torch adapter of tile_kernels.core.grouped_matmul: ops tile_kernels::grouped_matmul_fwd / grouped_matmul_bwd with
-autograd. backend="tilelang" runs the forward through the custom op tile_kernels::grouped_matmul_fwd_compiled (the
-TileLang Hopper kernel; opaque to torch.compile, with a fake implementation); the backward is the Triton one."""
+autograd. backend="tilelang" runs the forward and the backward through the custom ops
+tile_kernels::grouped_matmul_fwd_compiled / grouped_matmul_bwd_compiled (the TileLang Hopper kernel, for the forward
+and dx; opaque to torch.compile, with fake implementations)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,29 @@ def _(x, weights, group_sizes, backend):
     return x.new_empty((x.shape[0], weights.shape[2]))
 
 
-def _fwd(x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, backend: str = "triton") -> torch.Tensor:
-    """Returns (T, N) in x's dtype. `backend` is a resolved name (tile_kernels.core.backends.resolve)."""
+@compiled_op("grouped_matmul_bwd_compiled")
+def grouped_matmul_bwd_compiled(
+    dy: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward with dx through the TileLang kernel (dW Triton's; compact operands: other layouts are copied)."""
+    dy, x, weights, group_sizes = dy.contiguous(), x.contiguous(), weights.contiguous(), group_sizes.contiguous()
+    (t, k), (e, _, n) = x.shape, weights.shape
+    run = executor(core.compiled_backward, backend, t, k, n, e, dtype=dtype_name(x.dtype), arch=cuda_arch(x.device),
+                   target=target(x.device))  # fmt: skip
+    return run(dy, x, weights, group_sizes, device=x.device)
+
+
+@grouped_matmul_bwd_compiled.register_fake
+def _(dy, x, weights, group_sizes, backend):
+    return x.new_empty(x.shape), weights.new_empty(weights.shape)
+
+
+def _fwd(
+    x: torch.Tensor, weights: torch.Tensor, group_sizes: torch.Tensor, backend: str = "triton",
+    backward_backend: str = "triton",
+) -> torch.Tensor:  # fmt: skip
+    """Returns (T, N) in x's dtype. `backend` and `backward_backend` (the backward's) are resolved names
+    (tile_kernels.core.backends.resolve)."""
     if backend != "triton":
         return grouped_matmul_fwd_compiled(x, weights, group_sizes, backend)
     x, weights, group_sizes = x.contiguous(), weights.contiguous(), group_sizes.contiguous()
@@ -52,11 +74,15 @@ def _bwd(
 
 def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:3])
+    ctx.backend = inputs[4]
 
 
 def _backward(ctx, dy):
-    dx, dweights = grouped_matmul_bwd(dy, *ctx.saved_tensors)
-    return dx, dweights, None, None
+    if ctx.backend == "triton":
+        dx, dweights = grouped_matmul_bwd(dy, *ctx.saved_tensors)
+    else:
+        dx, dweights = grouped_matmul_bwd_compiled(dy, *ctx.saved_tensors, ctx.backend)
+    return dx, dweights, None, None, None
 
 
 grouped_matmul_bwd = eager_op("grouped_matmul_bwd", _bwd)
@@ -69,15 +95,17 @@ def grouped_matmul(
     """MoE expert GEMM: x (T, K) holds the tokens sorted by expert, group e the next group_sizes[e] rows (int32 (E,));
     out[rows of e] = x[rows of e] @ weights[e], weights (E, K, N) in x's dtype. Returns (T, N); rows past the sizes'
     sum are 0 (the sum is not checked: a host sync). Differentiable in x and weights. backend: "triton", "tilelang"
-    (Hopper forward, float16 / bfloat16; Triton backward) or None for the fastest measured for these inputs on the
-    device (core.preferred_backend: TileLang on Hopper from 4096 tokens where N > K)."""
+    (Hopper, float16 / bfloat16: the forward and dx; dW on Triton) or None for the fastest measured for these inputs
+    on the device (core.preferred_backend: TileLang's forward on Hopper from 4096 tokens where N > K; the backward on
+    Triton)."""
     _, device = validated(core.NAME, core.check, ("x", "weights", "group_sizes"), x, weights, group_sizes)
+    explicit = backend is not None  # the backward's backend: the one asked for, else Triton's
     backend = resolve_backend(
         core.NAME, backend, device, core.preferred_backend, dtype_name(x.dtype), x.shape[0], *weights.shape[1:]
     )
     if backend != "triton":
         core.check_backend(backend, dtype_name(x.dtype), weights.shape[1], weights.shape[2], cuda_arch(device))
-    return grouped_matmul_fwd(x, weights, group_sizes, backend)
+    return grouped_matmul_fwd(x, weights, group_sizes, backend, backend if explicit else "triton")
 
 
 register_public_op(
