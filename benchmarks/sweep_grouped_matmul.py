@@ -4,9 +4,10 @@ autograd) beside torch._grouped_mm in the same run, bf16, groups of equal size. 
 and down projections (8 experts, 8192 tokens x top-2); torch._grouped_mm stops the run with a device assert at 64
 experts, DeepSeek-V2-Lite's shape (benchmarks/results/h200/notes.md). Each line: us and TFLOP/s of the forward and of
 the step, their ratios to torch._grouped_mm; the default last. On Hopper also the TileLang forward's configurations
-(core.grouped_matmul_tilelang.CONFIGS; its step runs the Triton backward). With --kernels, each configuration's
-line also gives the backward's two kernels (torch.profiler device time of one backward: dx, the row kernel, and dW,
-the weight-gradient kernel) beside torch._grouped_mm's dx and dW products timed alone.
+(core.grouped_matmul_tilelang.CONFIGS; the step backend="tilelang"'s: dx on the default TileLang tiles, dW Triton's).
+With --kernels, each Triton configuration's line also gives the backward's two kernels (torch.profiler device time
+of one backward: dx, the row kernel, and dW, the weight-gradient kernel) beside torch._grouped_mm's dx and dW
+products timed alone.
 
     python benchmarks/sweep_grouped_matmul.py [--shape 8,16384,4096,14336 ...] [--kernels] [--out FILE]
 """
