@@ -7,7 +7,8 @@ the step, their ratios to torch._grouped_mm; the default last. On Hopper also th
 (core.grouped_matmul_tilelang.CONFIGS; the step backend="tilelang"'s: dx on the default TileLang tiles, dW Triton's).
 With --kernels, each Triton configuration's line also gives the backward's two kernels (torch.profiler device time
 of one backward: dx, the row kernel, and dW, the weight-gradient kernel) beside torch._grouped_mm's dx and dW
-products timed alone.
+products timed alone, and on Hopper a line gives the same of backend="tilelang"'s backward (dx on the TileLang row
+kernel).
 
     python benchmarks/sweep_grouped_matmul.py [--shape 8,16384,4096,14336 ...] [--kernels] [--out FILE]
 """
@@ -15,6 +16,7 @@ products timed alone.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 import triton.testing
@@ -25,7 +27,7 @@ from tile_kernels.core import grouped_matmul as core
 from tile_kernels.core import grouped_matmul_tilelang
 from tile_kernels.torch import _runtime
 from tile_kernels.torch._calls import cuda_arch
-from tile_kernels.torch.grouped_matmul import grouped_matmul_bwd
+from tile_kernels.torch.grouped_matmul import grouped_matmul_bwd, grouped_matmul_bwd_compiled
 
 SHAPES = ((8, 16384, 4096, 14336), (8, 16384, 14336, 4096))
 CANDIDATES = [core.Blocks(*c) for c in [(64, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3),
@@ -98,6 +100,9 @@ def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False) -> None:
     _runtime._cached_executor.cache_clear()
     if cuda_arch(x.device) not in grouped_matmul_tilelang.ARCHS:
         return
+    if kernels:  # the TileLang kernel (default tiles) as dx
+        tilelang_backward = functools.partial(grouped_matmul_bwd_compiled, dy, x0, w0, sizes, "tilelang")
+        say(f"{name} backward='tilelang': {backward_kernels(tilelang_backward)}")
     compiled = core.compiled_forward
     for config, tiles in grouped_matmul_tilelang.CONFIGS.items():
         core.compiled_forward = lambda *a, _c=config, **kw: compiled(*a, **kw, tile_config=_c)
