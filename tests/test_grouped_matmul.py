@@ -67,6 +67,28 @@ def test_panel_order_covers_every_tile(monkeypatch, panel):
     assert_close("dweights", dw.double().cpu().numpy(), want["weights"], "float32")
 
 
+@needs_torch
+@pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on Hopper GPUs")
+def test_torch_opcheck_tilelang():
+    """The TileLang ops (grouped_matmul_fwd / bwd with backend "tilelang", and the compiled ops they call) through
+    opcheck on Hopper."""
+    import torch
+
+    import tile_kernels.torch  # noqa: F401  (registers the ops)
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TileLang kernel is written for sm_90")
+    x = torch.randn(40, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3, 64, 24, device="cuda", dtype=torch.bfloat16) / 8
+    sizes, dy = torch.tensor([17, 0, 20], device="cuda", dtype=torch.int32), torch.randn_like(x[:, :24])
+    ops, tl = torch.ops.tile_kernels, "tilelang"
+    for op, args in [(ops.grouped_matmul_fwd.default, (x.requires_grad_(), w.requires_grad_(), sizes, tl, tl)),
+                     (ops.grouped_matmul_fwd_compiled.default, (x.detach(), w.detach(), sizes, tl)),
+                     (ops.grouped_matmul_bwd_compiled.default, (dy, x.detach(), w.detach(), sizes, tl))]:  # fmt: skip
+        result = torch.library.opcheck(op, args, test_utils=OPCHECK_UTILS)
+        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+
+
 @needs_jax
 def test_jax_jit_vmap_and_grad():
     import jax
@@ -146,8 +168,8 @@ def test_tilelang_backend_plan_and_refusals():
     """backend="tilelang": clear errors for float32, unaligned K or N and GPUs other than Hopper; its forward one Call
     that reads and writes the zeroed output (rows outside every group stay 0, also in JAX), or the Triton plan for an
     empty product; its backward the Triton plan's inputs and outputs, dx one Call of the transposed-b kernel into the
-    zeroed dx, dW the Triton kernel; backend=None picks its forward on Hopper from MIN_TILELANG_ROWS tokens for the
-    inputs it runs."""
+    zeroed dx, dW the Triton kernel; backend=None picks it on Hopper from MIN_TILELANG_ROWS tokens for the inputs it
+    runs: for the forward where N > K, for dx at any K and N."""
     from tile_kernels.core import backends
     from tile_kernels.core.backends import Call
     from tile_kernels.core.plan import Target
@@ -166,6 +188,12 @@ def test_tilelang_backend_plan_and_refusals():
                  (90, "bfloat16", 16384, 4100, 14336), (80, "bfloat16", 16384, 4096, 14336),
                  (0, "bfloat16", 16384, 4096, 14336)]:  # fmt: skip
         assert gm.preferred_backend(*args) == "triton", args
+    # dx (backward=True) on TileLang from MIN_TILELANG_ROWS tokens on sm_90, whichever of K and N is wider
+    for k, n in ((4096, 14336), (14336, 4096)):
+        assert gm.preferred_backend(90, "bfloat16", gm.MIN_TILELANG_ROWS, k, n, True) == "tilelang"
+    for args in [(90, "bfloat16", gm.MIN_TILELANG_ROWS - 1, 4096, 14336), (90, "float32", 16384, 4096, 14336),
+                 (90, "bfloat16", 16384, 4096, 14340), (80, "bfloat16", 16384, 4096, 14336)]:  # fmt: skip
+        assert gm.preferred_backend(*args, True) == "triton", args
     target = Target(num_sms=132, cuda_arch=90)
     plan = gm.compiled_forward("tilelang", 300, 256, 512, 8, dtype="bfloat16", arch=90, target=target)
     (call,) = plan.launches

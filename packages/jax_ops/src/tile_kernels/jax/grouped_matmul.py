@@ -56,14 +56,12 @@ def grouped_matmul(x: jax.Array, weights: jax.Array, group_sizes: jax.Array, bac
     out[rows of e] = x[rows of e] @ weights[e], weights (E, K, N) in x's dtype. Returns (T, N); rows past the sizes'
     sum are 0 (as jax.lax.ragged_dot). Differentiable in x and weights. backend: "triton", "tilelang" (Hopper,
     float16 / bfloat16: the forward and dx; dW on Triton) or None for the fastest measured for these inputs on the
-    device (core.preferred_backend: TileLang's forward on Hopper from 4096 tokens where N > K; the backward on
-    Triton)."""
+    device, per pass (core.preferred_backend: TileLang on Hopper from 4096 tokens, the forward where N > K)."""
     core.check(x, weights, group_sizes)
-    explicit = backend is not None  # the backward's backend: the one asked for, else Triton's
-    backend = resolve_backend(
-        core.NAME, backend, core.preferred_backend, dtype_name(x.dtype), x.shape[0], *weights.shape[1:]
+    dims = (dtype_name(x.dtype), x.shape[0], *weights.shape[1:])
+    forward, backward = (
+        resolve_backend(core.NAME, backend, core.preferred_backend, *dims, bwd) for bwd in (False, True)
     )
-    if backend != "triton":
-        core.check_backend(backend, dtype_name(x.dtype), weights.shape[1], weights.shape[2], cuda_arch())
-    # in a shard_map: dx summed over devices
-    return _grouped_matmul(*vary_alike(x, weights, group_sizes), backend, backend if explicit else "triton")
+    if forward != "triton":
+        core.check_backend(forward, dtype_name(x.dtype), weights.shape[1], weights.shape[2], cuda_arch())
+    return _grouped_matmul(*vary_alike(x, weights, group_sizes), forward, backward)  # in a shard_map: dx summed

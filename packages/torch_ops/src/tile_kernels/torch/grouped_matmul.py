@@ -96,16 +96,15 @@ def grouped_matmul(
     out[rows of e] = x[rows of e] @ weights[e], weights (E, K, N) in x's dtype. Returns (T, N); rows past the sizes'
     sum are 0 (the sum is not checked: a host sync). Differentiable in x and weights. backend: "triton", "tilelang"
     (Hopper, float16 / bfloat16: the forward and dx; dW on Triton) or None for the fastest measured for these inputs
-    on the device (core.preferred_backend: TileLang's forward on Hopper from 4096 tokens where N > K; the backward on
-    Triton)."""
+    on the device, per pass (core.preferred_backend: TileLang on Hopper from 4096 tokens, the forward where N > K)."""
     _, device = validated(core.NAME, core.check, ("x", "weights", "group_sizes"), x, weights, group_sizes)
-    explicit = backend is not None  # the backward's backend: the one asked for, else Triton's
-    backend = resolve_backend(
-        core.NAME, backend, device, core.preferred_backend, dtype_name(x.dtype), x.shape[0], *weights.shape[1:]
+    dims = (dtype_name(x.dtype), x.shape[0], *weights.shape[1:])
+    forward, backward = (
+        resolve_backend(core.NAME, backend, device, core.preferred_backend, *dims, bwd) for bwd in (False, True)
     )
-    if backend != "triton":
-        core.check_backend(backend, dtype_name(x.dtype), weights.shape[1], weights.shape[2], cuda_arch(device))
-    return grouped_matmul_fwd(x, weights, group_sizes, backend, backend if explicit else "triton")
+    if forward != "triton":
+        core.check_backend(forward, dtype_name(x.dtype), weights.shape[1], weights.shape[2], cuda_arch(device))
+    return grouped_matmul_fwd(x, weights, group_sizes, forward, backward)
 
 
 register_public_op(
