@@ -248,7 +248,8 @@ def compiled_forward(backend: str, t: int, k: int, n: int, e: int, *, dtype: str
 
 def _backward_plan(dx_step, t: int, k: int, n: int, e: int, dtype: str, target: Target) -> Plan:
     """Inputs dy (T, N), x (T, K), weights (E, K, N), group_sizes (E,), compact. Outputs dx (T, K) (zeroed first) and
-    dweights (E, K, N): dx by the step `dx_step` makes (None: an empty product), dW by grouped_weight_grad_kernel."""
+    dweights (E, K, N): dx by the step `dx_step()` returns (called for a non-empty product only), dW by
+    grouped_weight_grad_kernel."""
     inputs = {"dy": dtype, "x": dtype, "weights": dtype, "group_sizes": "int32"}
     buffers = {"dx": BufferSpec((t, k), dtype, zeroed=True),
                "dweights": BufferSpec((e, k, n), dtype, zeroed=not (k and n and e))}  # fmt: skip
