@@ -42,6 +42,15 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 @triton.jit
+def panel_tile(order, tiles_m, tiles_n, PANEL: tl.constexpr):  # noqa: N803
+    """(row tile, column tile) of the program `order`-th in launch order over tiles_m x tiles_n tiles visited in
+    panels of PANEL row tiles across every column tile (a wave then reads its row tiles' operands from L2)."""
+    first = order // (PANEL * tiles_n) * PANEL
+    width = tl.minimum(tiles_m - first, PANEL)  # the last panel's may be narrower
+    return first + order % (PANEL * tiles_n) % width, order % (PANEL * tiles_n) // width
+
+
+@triton.jit
 def grouped_rows_kernel(
     A, B, SIZES, E, T, N, R, lda, ldb, stride_be, ldo,
     OUT,
@@ -57,10 +66,7 @@ def grouped_rows_kernel(
     pid, pid_n = tl.program_id(0), tl.program_id(1)
     if PANEL:
         tiles_m, tiles_n = tl.num_programs(0), tl.num_programs(1)
-        order = pid + pid_n * tiles_m  # the hardware's launch order
-        first = order // (PANEL * tiles_n) * PANEL
-        width = tl.minimum(tiles_m - first, PANEL)  # the last panel's may be narrower
-        pid, pid_n = first + order % (PANEL * tiles_n) % width, order % (PANEL * tiles_n) // width
+        pid, pid_n = panel_tile(pid + pid_n * tiles_m, tiles_m, tiles_n, PANEL)  # from the hardware's launch order
     group, row0, end = pid * 0 - 1, pid * 0, pid * 0
     start, tiles_before = pid * 0, pid * 0
     for e in range(E):  # this program's group: the one whose row tiles hold tile `pid`
@@ -110,12 +116,10 @@ def grouped_weight_grad_kernel(
     K, N, ldx, ldy = K * UNIT, N * UNIT, ldx * UNIT, ldy * UNIT  # plan.in_units
     e = tl.program_id(1)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    pid_k, pid_n = tl.program_id(0) // tiles_n, tl.program_id(0) % tiles_n
     if PANEL:
-        order = tl.program_id(0)
-        first = order // (PANEL * tiles_n) * PANEL
-        width = tl.minimum(tl.cdiv(K, BLOCK_K) - first, PANEL)  # the last panel's may be narrower
-        pid_k, pid_n = first + order % (PANEL * tiles_n) % width, order % (PANEL * tiles_n) // width
+        pid_k, pid_n = panel_tile(tl.program_id(0), tl.cdiv(K, BLOCK_K), tiles_n, PANEL)
+    else:
+        pid_k, pid_n = tl.program_id(0) // tiles_n, tl.program_id(0) % tiles_n
     ks = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_ok, n_ok = ks < K, ns < N
