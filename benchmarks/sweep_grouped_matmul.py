@@ -89,7 +89,8 @@ def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False) -> None:
         try:
             fwd = triton.testing.do_bench_cudagraph(lambda: ours().detach())
             st = triton.testing.do_bench(lambda: step(ours))
-            bwd = "; backward " + backward_kernels(lambda: grouped_matmul_bwd(dy, x0, w0, sizes)) if kernels else ""
+            triton_backward = functools.partial(grouped_matmul_bwd, dy, x0, w0, sizes)
+            bwd = "; backward " + backward_kernels(triton_backward) if kernels else ""
         except Exception as ex:  # a configuration that does not compile (shared memory, registers)
             say(f"{name} {b}: {type(ex).__name__}: {str(ex)[:120]}")
             continue

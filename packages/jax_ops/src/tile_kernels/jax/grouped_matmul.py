@@ -63,5 +63,5 @@ def grouped_matmul(x: jax.Array, weights: jax.Array, group_sizes: jax.Array, bac
         resolve_backend(core.NAME, backend, core.preferred_backend, *dims, bwd) for bwd in (False, True)
     )
     if forward != "triton":
-        core.check_backend(forward, dtype_name(x.dtype), weights.shape[1], weights.shape[2], cuda_arch())
+        core.check_backend(forward, dims[0], *dims[2:], cuda_arch())
     return _grouped_matmul(*vary_alike(x, weights, group_sizes), forward, backward)  # in a shard_map: dx summed

@@ -14,9 +14,13 @@ from ._calls import cuda_arch, resolve_backend
 from ._runtime import compiled_op, eager_op, executor, register_public_op, target, validated
 
 
-def _plan(builder, x: torch.Tensor, weights: torch.Tensor):
+def _plan(builder, x: torch.Tensor, weights: torch.Tensor, backend: str | None = None):
+    """The Executor of `builder`'s plan for these operands: a Triton plan, or with `backend` a compiled one."""
     (t, k), (e, _, n) = x.shape, weights.shape
-    return executor(builder, t, k, n, e, dtype=dtype_name(x.dtype), target=target(x.device))
+    settings = dict(dtype=dtype_name(x.dtype), target=target(x.device))
+    if backend is None:
+        return executor(builder, t, k, n, e, **settings)
+    return executor(builder, backend, t, k, n, e, **settings, arch=cuda_arch(x.device))
 
 
 @compiled_op("grouped_matmul_fwd_compiled")
@@ -25,10 +29,7 @@ def grouped_matmul_fwd_compiled(
 ) -> torch.Tensor:
     """The forward through the TileLang kernel (compact operands: other layouts are copied)."""
     x, weights, group_sizes = x.contiguous(), weights.contiguous(), group_sizes.contiguous()
-    (t, k), (e, _, n) = x.shape, weights.shape
-    run = executor(core.compiled_forward, backend, t, k, n, e, dtype=dtype_name(x.dtype), arch=cuda_arch(x.device),
-                   target=target(x.device))  # fmt: skip
-    return run(x, weights, group_sizes, device=x.device)[0]
+    return _plan(core.compiled_forward, x, weights, backend)(x, weights, group_sizes, device=x.device)[0]
 
 
 @grouped_matmul_fwd_compiled.register_fake
@@ -42,10 +43,7 @@ def grouped_matmul_bwd_compiled(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The backward with dx through the TileLang kernel (dW Triton's; compact operands: other layouts are copied)."""
     dy, x, weights, group_sizes = dy.contiguous(), x.contiguous(), weights.contiguous(), group_sizes.contiguous()
-    (t, k), (e, _, n) = x.shape, weights.shape
-    run = executor(core.compiled_backward, backend, t, k, n, e, dtype=dtype_name(x.dtype), arch=cuda_arch(x.device),
-                   target=target(x.device))  # fmt: skip
-    return run(dy, x, weights, group_sizes, device=x.device)
+    return _plan(core.compiled_backward, x, weights, backend)(dy, x, weights, group_sizes, device=x.device)
 
 
 @grouped_matmul_bwd_compiled.register_fake
@@ -103,7 +101,7 @@ def grouped_matmul(
         resolve_backend(core.NAME, backend, device, core.preferred_backend, *dims, bwd) for bwd in (False, True)
     )
     if forward != "triton":
-        core.check_backend(forward, dtype_name(x.dtype), weights.shape[1], weights.shape[2], cuda_arch(device))
+        core.check_backend(forward, dims[0], *dims[2:], cuda_arch(device))
     return grouped_matmul_fwd(x, weights, group_sizes, forward, backward)
 
 
