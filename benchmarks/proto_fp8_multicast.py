@@ -1,4 +1,4 @@
-"""Prototype, not yet run on a GPU: fp8_matmul's 128 x 256 tile (core.fp8_matmul_tilelang, n256) with b's tile
+"""Prototype, measured and not adopted: fp8_matmul's 128 x 256 tile (core.fp8_matmul_tilelang, n256) with b's tile
 multicast by TMA to both CTAs of a 2-CTA cluster, so a cluster step reads 64 KiB from L2 instead of 96, written as a
 hand-written warp-specialized pipeline (TileLang 0.1.15's T.Pipelined releases a stage on the local CTA's consumers
 only: a multicast into the peer's stage would race, and it has no cluster sync after the barriers' init or at exit).
@@ -16,10 +16,9 @@ warp group (TMA, 24 registers). Barriers a stage (3 stages):
 Allocating a cluster barrier makes TileLang follow the barriers' init by a cluster sync; T.cluster_sync() at the end
 keeps rank 0 alive while rank 1 can still arrive on it. The roles are one `if / else` (two `T.ws` frames get a
 __syncthreads() between them: a deadlock). multicast=False: the same pipeline without a cluster (the baseline).
-Lowered and built for sm_90a without spills (highest register R223 of 240); the race review of the generated CUDA is
-in benchmarks/results/h200/notes.md. Unchecked until it runs: the padding CTA of an odd M-tile count (its a boxes all
-out of bounds: TMA's zero fill must still complete the byte count), the .cta-scoped remote arrive (CUTLASS's
-practice), and cluster occupancy.
+Built for sm_90a without spills (highest register R223 of 240). On an H100 (2026-12-07) it ran exact at every shape
+of SHAPES (the padding CTA of an odd M-tile count and one cluster included) and slower than core's kernel at each:
+0.72-0.97x with the multicast, 0.89-1.05x without the cluster (benchmarks/results/h200/notes.md).
 
     python benchmarks/proto_fp8_multicast.py [--shape M,K,N ...]      # on an sm_90 GPU: check and time
     python benchmarks/proto_fp8_multicast.py --lower DIR               # anywhere: the generated CUDA of each variant
