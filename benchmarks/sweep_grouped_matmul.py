@@ -4,13 +4,14 @@ autograd) beside torch._grouped_mm in the same run, bf16, groups of equal size. 
 and down projections (8 experts, 8192 tokens x top-2); torch._grouped_mm stops the run with a device assert at 64
 experts, DeepSeek-V2-Lite's shape (benchmarks/results/h200/notes.md). Each line: us and TFLOP/s of the forward and of
 the step, their ratios to torch._grouped_mm; the default last. On Hopper also the TileLang forward's configurations
-(core.grouped_matmul_tilelang.CONFIGS; the step backend="tilelang"'s: dx on the default TileLang tiles, dW Triton's).
+(core.grouped_matmul_tilelang.CONFIGS; the step backend="tilelang"'s: forward and dx on the configuration's tiles, dW
+Triton's).
 With --kernels, each Triton configuration's line also gives the backward's two kernels (torch.profiler device time
 of one backward: dx, the row kernel, and dW, the weight-gradient kernel) beside torch._grouped_mm's dx and dW
-products timed alone, and on Hopper a line gives the same of backend="tilelang"'s backward (dx on the TileLang row
-kernel).
+products timed alone, and on Hopper each TileLang configuration's line the same of backend="tilelang"'s backward
+(dx on the TileLang row kernel).
 
-    python benchmarks/sweep_grouped_matmul.py [--shape 8,16384,4096,14336 ...] [--kernels] [--out FILE]
+    python benchmarks/sweep_grouped_matmul.py [--shape 8,16384,4096,14336 ...] [--kernels] [--tilelang] [--out FILE]
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def backward_kernels(backward) -> str:
     return ", ".join(f"{label} {sum(v) / len(v):.0f} us" for label, v in sorted(times.items(), reverse=True))
 
 
-def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False) -> None:
+def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False, triton_candidates: bool = True) -> None:
     g = torch.Generator("cuda").manual_seed(0)
     x = torch.randn(t, k, generator=g, device="cuda").to(torch.bfloat16).requires_grad_()
     w = (torch.randn(e, k, n, generator=g, device="cuda") / k**0.5).to(torch.bfloat16).requires_grad_()
@@ -83,7 +84,7 @@ def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False) -> None:
         peer_dw = triton.testing.do_bench_cudagraph(lambda: torch._grouped_mm(x0.t(), dy, offs=offs))
         say(f"{name} torch._grouped_mm backward products: dx {peer_dx * 1e3:.0f} us, dW {peer_dw * 1e3:.0f} us")
     default = core.blocks
-    for b in [*CANDIDATES, "DEFAULT"]:
+    for b in [*CANDIDATES * triton_candidates, "DEFAULT"]:
         core.blocks = default if b == "DEFAULT" else (lambda *a, _b=b: _b)
         _runtime._cached_executor.cache_clear()
         try:
@@ -101,23 +102,24 @@ def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False) -> None:
     _runtime._cached_executor.cache_clear()
     if cuda_arch(x.device) not in grouped_matmul_tilelang.ARCHS:
         return
-    if kernels:  # the TileLang kernel (default tiles) as dx
-        tilelang_backward = functools.partial(grouped_matmul_bwd_compiled, dy, x0, w0, sizes, "tilelang")
-        say(f"{name} backward='tilelang': {backward_kernels(tilelang_backward)}")
-    compiled = core.compiled_forward
+    compiled_forward, compiled_backward = core.compiled_forward, core.compiled_backward
     for config, tiles in grouped_matmul_tilelang.CONFIGS.items():
-        core.compiled_forward = lambda *a, _c=config, **kw: compiled(*a, **kw, tile_config=_c)
+        core.compiled_forward = lambda *a, _c=config, **kw: compiled_forward(*a, **kw, tile_config=_c)
+        core.compiled_backward = lambda *a, _c=config, **kw: compiled_backward(*a, **kw, tile_config=_c)
         try:
             fwd = triton.testing.do_bench_cudagraph(lambda: tk.grouped_matmul(x, w, sizes, backend="tilelang").detach())
             st = triton.testing.do_bench(lambda: step(lambda: tk.grouped_matmul(x, w, sizes, backend="tilelang")))
+            tilelang_backward = functools.partial(grouped_matmul_bwd_compiled, dy, x0, w0, sizes, "tilelang")
+            bwd = "; backward " + backward_kernels(tilelang_backward) if kernels else ""
         except Exception as ex:  # a configuration that does not build (shared memory, registers)
             say(f"{name} tilelang {config}: {type(ex).__name__}: {str(ex)[:120]}")
             continue
         finally:
-            core.compiled_forward = compiled
+            core.compiled_forward, core.compiled_backward = compiled_forward, compiled_backward
         say(
             f"{name} tilelang {config} {tiles}: fwd {fwd * 1e3:.0f} us {flops / fwd / 1e9:.0f} TFLOP/s "
-            f"{peer_fwd / fwd:.2f}x, step {st * 1e3:.0f} us {3 * flops / st / 1e9:.0f} TFLOP/s {peer_step / st:.2f}x"
+            f"{peer_fwd / fwd:.2f}x, step {st * 1e3:.0f} us {3 * flops / st / 1e9:.0f} TFLOP/s "
+            f"{peer_step / st:.2f}x{bwd}"
         )
 
 
@@ -125,6 +127,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", action="append", help="E,T,K,N (repeatable; default: SHAPES)")
     parser.add_argument("--kernels", action="store_true", help="also the backward's dx and dW kernels, and torch's")
+    parser.add_argument("--tilelang", action="store_true", help="the TileLang configurations only (and the default)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     shapes = [tuple(int(d) for d in s.split(",")) for s in args.shape] if args.shape else SHAPES
@@ -132,7 +135,7 @@ def main(argv=None):
 
     say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     for shape in shapes:
-        sweep(*shape, say, args.kernels)
+        sweep(*shape, say, args.kernels, triton_candidates=not args.tilelang)
     say.save()
 
 
