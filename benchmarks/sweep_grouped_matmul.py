@@ -3,9 +3,10 @@
 autograd) beside torch._grouped_mm in the same run, bf16, groups of equal size. Shapes (E, T, K, N): Mixtral's up
 and down projections (8 experts, 8192 tokens x top-2); torch._grouped_mm stops the run with a device assert at 64
 experts, DeepSeek-V2-Lite's shape (benchmarks/results/h200/notes.md). Each line: us and TFLOP/s of the forward and of
-the step, their ratios to torch._grouped_mm; the default last. On Hopper also the TileLang forward's configurations
-(core.grouped_matmul_tilelang.CONFIGS; the step backend="tilelang"'s: forward and dx on the configuration's tiles, dW
-Triton's).
+the step, their ratios to torch._grouped_mm; each Triton configuration with backend="triton", then DEFAULT:
+backend=None (TileLang's kernels where preferred_backend picks them). On Hopper also the TileLang forward's
+configurations (core.grouped_matmul_tilelang.CONFIGS; the step backend="tilelang"'s: forward and dx on the
+configuration's tiles, dW Triton's).
 With --kernels, each Triton configuration's line also gives the backward's two kernels (torch.profiler device time
 of one backward: dx, the row kernel, and dW, the weight-gradient kernel) beside torch._grouped_mm's dx and dW
 products timed alone, and on Hopper each TileLang configuration's line the same of backend="tilelang"'s backward
@@ -71,8 +72,8 @@ def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False, triton_can
     def peer():
         return torch._grouped_mm(x, w, offs=offs)
 
-    def ours():
-        return tk.grouped_matmul(x, w, sizes)
+    def ours(backend=None):
+        return tk.grouped_matmul(x, w, sizes, backend=backend)
 
     peer_fwd = triton.testing.do_bench_cudagraph(lambda: peer().detach())
     peer_step = triton.testing.do_bench(lambda: step(peer))
@@ -88,8 +89,9 @@ def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False, triton_can
         core.blocks = default if b == "DEFAULT" else (lambda *a, _b=b: _b)
         _runtime._cached_executor.cache_clear()
         try:
-            fwd = triton.testing.do_bench_cudagraph(lambda: ours().detach())
-            st = triton.testing.do_bench(lambda: step(ours))
+            run = functools.partial(ours, None if b == "DEFAULT" else "triton")  # DEFAULT: backend=None's choice
+            fwd = triton.testing.do_bench_cudagraph(lambda: run().detach())  # noqa: B023 - called in this iteration
+            st = triton.testing.do_bench(lambda: step(run))  # noqa: B023
             triton_backward = functools.partial(grouped_matmul_bwd, dy, x0, w0, sizes)
             bwd = "; backward " + backward_kernels(triton_backward) if kernels else ""
         except Exception as ex:  # a configuration that does not compile (shared memory, registers)
