@@ -419,12 +419,15 @@ def _graph_ms(fn, stream) -> tuple[float, str]:
     torch.cuda.set_sync_debug_mode("error")  # a call that waits for the host (e.g. .item()) cannot be captured
     try:
         fn()
+        synchronizes = False
     except RuntimeError as e:
         if "synchroniz" not in str(e):
             raise
-        return do_bench(fn), "eager timing (synchronizes with the host: not capturable in a CUDA graph)."
+        synchronizes = True
     finally:
         torch.cuda.set_sync_debug_mode(0)
+    if synchronizes:  # timed with the debug mode off again, as it was set only to find out
+        return do_bench(fn), "eager timing (synchronizes with the host: not capturable in a CUDA graph)."
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(3):
