@@ -231,6 +231,37 @@ def test_tilelang_kernel_lowers_to_warp_specialized_hopper_code(b_col):
 
 @needs_torch
 @pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on Hopper GPUs")
+@pytest.mark.parametrize("config", sorted(gm.grouped_matmul_tilelang.CONFIGS))
+def test_every_tilelang_configuration_matches_the_reference(config):
+    """Each TileLang tile configuration (what benchmarks/sweep_grouped_matmul.py times), forward and dx, against the
+    float64 reference: groups of 0, 1 and several tiles, K and N past a whole tile of every configuration."""
+    import torch
+
+    from tile_kernels.core.registry import round_to
+    from tile_kernels.torch import _runtime
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TileLang kernel is written for sm_90")
+    rng = np.random.default_rng(3)
+    sizes, t, k, n = [0, 70, 1, 0, 300], 600, 264, 392
+    kwargs = {"x": round_to(rng.standard_normal((t, k)), "bfloat16"),
+              "weights": round_to(rng.standard_normal((len(sizes), k, n)) / np.sqrt(k), "bfloat16"),
+              "group_sizes": np.array(sizes, np.int32)}  # fmt: skip
+    dy = round_to(rng.standard_normal((t, n)), "bfloat16")
+    x, w, dy_t = (torch.tensor(np.float32(a), device="cuda").bfloat16() for a in (kwargs["x"], kwargs["weights"], dy))
+    group_sizes = torch.tensor(kwargs["group_sizes"], device="cuda")
+    settings = dict(dtype="bfloat16", arch=90, target=_runtime.target(x.device), tile_config=config)
+    forward = _runtime.executor(gm.compiled_forward, "tilelang", t, k, n, len(sizes), **settings)
+    backward = _runtime.executor(gm.compiled_backward, "tilelang", t, k, n, len(sizes), **settings)
+    (out,) = forward(x, w, group_sizes, device=x.device)
+    dx, _ = backward(dy_t, x, w, group_sizes, device=x.device)
+    assert_close(f"grouped_matmul {config}", out.double().cpu().numpy(), gm.reference(**kwargs)[0], "bfloat16")
+    want = gm.reference_vjp(kwargs, (dy,))["x"]
+    assert_close(f"dx {config}", dx.double().cpu().numpy(), want, "bfloat16")
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "gpu", reason="the TileLang kernel runs on Hopper GPUs")
 @pytest.mark.parametrize("framework", sorted(DRIVERS))
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("sizes", [[0, 70, 0, 1, 129], [300, 0], [1000, 24, 0, 513], [0, 0, 0]])

@@ -12,8 +12,8 @@ TMA store would overwrite the next group).
 
 Design limits: sm_90a only; float16 / bfloat16; compact operands; N and K multiples of 8 (TMA's 16-byte strides); a
 group of fewer than BLOCK_M rows still costs a whole tile; not persistent. The weight gradient stays on the Triton
-kernel. backend=None runs this forward on sm_90 from 4096 tokens where N > K (grouped_matmul.preferred_backend: the
-ratios are there); dx only with backend="tilelang" (not yet timed against Triton's).
+kernel. backend=None runs this forward on sm_90 from 4096 tokens where N > K, and dx from 4096 tokens at any K and N
+(grouped_matmul.preferred_backend: the ratios are there).
 """
 
 from .backends import tilelang_entry_points, tilelang_target
