@@ -58,7 +58,7 @@ def _gpu_setup(session, vendor: str) -> dict:
     )
     count = session.run("python3", "-c", probe, silent=True, external=True).strip().splitlines()[-1]
     env = {"TILE_KERNELS_TEST_DEVICE": "gpu", "TRITON_INTERPRET": "0", "TILE_KERNELS_NUM_GPUS": count,
-           "TILE_KERNELS_GPU_VENDOR": vendor, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # fmt: skip
+           "TILE_KERNELS_GPU_VENDOR": vendor}  # fmt: skip
     if vendor == "rocm":
         env["HIP_VISIBLE_DEVICES"] = os.environ.get("HIP_VISIBLE_DEVICES", ",".join(map(str, range(int(count)))))
     return env

@@ -25,6 +25,8 @@ def _pin_worker_to_one_gpu() -> None:
 
 _pin_worker_to_one_gpu()
 os.environ.setdefault("TILE_KERNELS_POISON", "1")
+# JAX reserves 75% of a GPU at its start by default: torch and the other xdist workers on that GPU would run out
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import pytest  # noqa: E402
 from drivers import DRIVERS  # noqa: E402
