@@ -72,7 +72,7 @@ def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False, triton_can
     def peer():
         return torch._grouped_mm(x, w, offs=offs)
 
-    def ours(backend=None):
+    def ours(backend):
         return tk.grouped_matmul(x, w, sizes, backend=backend)
 
     peer_fwd = triton.testing.do_bench_cudagraph(lambda: peer().detach())
@@ -105,12 +105,13 @@ def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False, triton_can
     if cuda_arch(x.device) not in grouped_matmul_tilelang.ARCHS:
         return
     compiled_forward, compiled_backward = core.compiled_forward, core.compiled_backward
+    tilelang = functools.partial(ours, "tilelang")
     for config, tiles in grouped_matmul_tilelang.CONFIGS.items():
         core.compiled_forward = lambda *a, _c=config, **kw: compiled_forward(*a, **kw, tile_config=_c)
         core.compiled_backward = lambda *a, _c=config, **kw: compiled_backward(*a, **kw, tile_config=_c)
         try:
-            fwd = triton.testing.do_bench_cudagraph(lambda: tk.grouped_matmul(x, w, sizes, backend="tilelang").detach())
-            st = triton.testing.do_bench(lambda: step(lambda: tk.grouped_matmul(x, w, sizes, backend="tilelang")))
+            fwd = triton.testing.do_bench_cudagraph(lambda: tilelang().detach())
+            st = triton.testing.do_bench(lambda: step(tilelang))
             tilelang_backward = functools.partial(grouped_matmul_bwd_compiled, dy, x0, w0, sizes, "tilelang")
             bwd = "; backward " + backward_kernels(tilelang_backward) if kernels else ""
         except Exception as ex:  # a configuration that does not build (shared memory, registers)
