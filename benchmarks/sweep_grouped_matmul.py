@@ -84,6 +84,14 @@ def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False, triton_can
         peer_dx = triton.testing.do_bench_cudagraph(lambda: torch._grouped_mm(dy, w0.transpose(1, 2), offs=offs))
         peer_dw = triton.testing.do_bench_cudagraph(lambda: torch._grouped_mm(x0.t(), dy, offs=offs))
         say(f"{name} torch._grouped_mm backward products: dx {peer_dx * 1e3:.0f} us, dW {peer_dw * 1e3:.0f} us")
+
+    def backward(backend):  # the backward that `ours(backend)` records (backend=None: the one it resolves to)
+        arch = cuda_arch(x.device)
+        backend = backend or core.preferred_backend(arch, "bfloat16", t, k, n, backward=True)
+        if backend == "triton":
+            return functools.partial(grouped_matmul_bwd, dy, x0, w0, sizes)
+        return functools.partial(grouped_matmul_bwd_compiled, dy, x0, w0, sizes, backend)
+
     default = core.blocks
     for b in [*CANDIDATES * triton_candidates, "DEFAULT"]:
         core.blocks = default if b == "DEFAULT" else (lambda *a, _b=b: _b)
@@ -92,8 +100,7 @@ def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False, triton_can
             run = functools.partial(ours, None if b == "DEFAULT" else "triton")  # DEFAULT: backend=None's choice
             fwd = triton.testing.do_bench_cudagraph(lambda: run().detach())  # noqa: B023 - called in this iteration
             st = triton.testing.do_bench(lambda: step(run))  # noqa: B023
-            triton_backward = functools.partial(grouped_matmul_bwd, dy, x0, w0, sizes)
-            bwd = "; backward " + backward_kernels(triton_backward) if kernels else ""
+            bwd = "; backward " + backward_kernels(backward(None if b == "DEFAULT" else "triton")) if kernels else ""
         except Exception as ex:  # a configuration that does not compile (shared memory, registers)
             say(f"{name} {b}: {type(ex).__name__}: {str(ex)[:120]}")
             continue
@@ -112,8 +119,7 @@ def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False, triton_can
         try:
             fwd = triton.testing.do_bench_cudagraph(lambda: tilelang().detach())
             st = triton.testing.do_bench(lambda: step(tilelang))
-            tilelang_backward = functools.partial(grouped_matmul_bwd_compiled, dy, x0, w0, sizes, "tilelang")
-            bwd = "; backward " + backward_kernels(tilelang_backward) if kernels else ""
+            bwd = "; backward " + backward_kernels(backward("tilelang")) if kernels else ""
         except Exception as ex:  # a configuration that does not build (shared memory, registers)
             say(f"{name} tilelang {config}: {type(ex).__name__}: {str(ex)[:120]}")
             continue

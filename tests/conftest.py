@@ -66,6 +66,16 @@ def driver(request):
     return DRIVERS[request.param](DEVICE)
 
 
+def pytest_configure(config):
+    """Under `--dist loadgroup` pytest-xdist keeps an xdist_group on one worker through a suffix it writes into the
+    node ids, which pytest 9.2 no longer takes (xdist 3.8): every worker would then run the group's session fixtures
+    (minutes of subprocesses in test_distributed.py). The test extra pins pytest below it."""
+    version = tuple(int(p) for p in pytest.__version__.split(".")[:2] if p.isdigit())
+    if getattr(config.option, "dist", None) == "loadgroup" and version >= (9, 2):
+        raise pytest.UsageError(f"--dist loadgroup does not group tests under pytest {pytest.__version__}: install "
+                                "the test extra's pytest (pip install -e '.[test]')")  # fmt: skip
+
+
 _REPORT_LOG = os.environ.get("TILE_KERNELS_REPORT_LOG")
 
 
