@@ -169,7 +169,7 @@ def test_tilelang_backend_plan_and_refusals():
     that reads and writes the zeroed output (rows outside every group stay 0, also in JAX), or the Triton plan for an
     empty product; its backward the Triton plan's inputs and outputs, dx one Call of the transposed-b kernel into the
     zeroed dx, dW the Triton kernel; backend=None picks it on Hopper from MIN_TILELANG_ROWS tokens for the inputs it
-    runs: for the forward where N > K, for dx at any K and N."""
+    runs, for the forward and dx at any K and N."""
     from tile_kernels.core import backends
     from tile_kernels.core.backends import Call
     from tile_kernels.core.plan import Target
@@ -182,9 +182,9 @@ def test_tilelang_backend_plan_and_refusals():
         with pytest.raises(ValueError, match=f"grouped_matmul: backend 'tilelang' {match}.*; backend='triton' runs"):
             gm.check_backend("tilelang", *args)
     assert backends.resolve(gm.NAME, None, "cuda") == "triton"  # the platform default; per call: preferred_backend
-    assert gm.preferred_backend(90, "bfloat16", gm.MIN_TILELANG_ROWS, 4096, 14336) == "tilelang"
+    for k, n in ((4096, 14336), (14336, 4096)):  # up and down projections
+        assert gm.preferred_backend(90, "bfloat16", gm.MIN_TILELANG_ROWS, k, n) == "tilelang"
     for args in [(90, "bfloat16", gm.MIN_TILELANG_ROWS - 1, 4096, 14336), (90, "float32", 16384, 4096, 14336),
-                 (90, "bfloat16", 16384, 14336, 4096),
                  (90, "bfloat16", 16384, 4100, 14336), (80, "bfloat16", 16384, 4096, 14336),
                  (0, "bfloat16", 16384, 4096, 14336)]:  # fmt: skip
         assert gm.preferred_backend(*args) == "triton", args

@@ -217,14 +217,14 @@ MIN_TILELANG_ROWS = 4096  # preferred_backend: fewer tokens run Triton's 64-row 
 
 def preferred_backend(arch: int, dtype: str, t: int, k: int, n: int, backward: bool = False) -> str:
     """backend=None's choice on compute capability `arch` (0: not a CUDA device) for the forward, or (`backward`) for
-    the backward's dx (dW runs on Triton's kernel either way): "tilelang" on sm_90 for the inputs it runs with
-    T >= MIN_TILELANG_ROWS, the forward only where N > K; else "triton". Forward: H200, 2026-12-04, bf16, E8 T16384,
-    device time against Triton's tiles: up projection (K 4096, N 14336) 521 TFLOP/s against 482-494, down projection
-    (K 14336, N 4096) 543 against 563-570; torch._grouped_mm 709 / 722. dx: H100, 2026-12-07, bf16, E8: T8192 up
+    the backward's dx (dW runs on Triton's kernel either way): "tilelang" on sm_90 for the inputs it runs with T >=
+    MIN_TILELANG_ROWS; else "triton". Forward, bf16, E8, device time: up projection (T16384 K 4096, N 14336), H200,
+    2026-12-04: 521 TFLOP/s against Triton's 482-494; down projection (T16384 K 14336, N 4096), 2026-12-07: H200 2772 us
+    against Triton's 2985 (torch._grouped_mm's 2739), H100 2789-2977 against 3020-3068. dx: H100, E8: T8192 up
     projection 1289-1291 us against Triton's 1736-1741 (torch._grouped_mm's 1305), T16384 down projection 2687-2745
     against 4030-4390 (torch's 2816) (benchmarks/results/h200/notes.md)."""
     k, n = (n, k) if backward else (k, n)  # dx reduces N into K columns
-    tilelang = arch in grouped_matmul_tilelang.ARCHS and t >= MIN_TILELANG_ROWS and (backward or n > k)
+    tilelang = arch in grouped_matmul_tilelang.ARCHS and t >= MIN_TILELANG_ROWS
     return "tilelang" if tilelang and not grouped_matmul_tilelang.unsupported(dtype, k, n, arch) else "triton"
 
 

@@ -12,8 +12,8 @@ TMA store would overwrite the next group).
 
 Design limits: sm_90a only; float16 / bfloat16; compact operands; N and K multiples of 8 (TMA's 16-byte strides); a
 group of fewer than BLOCK_M rows still costs a whole tile; not persistent. The weight gradient stays on the Triton
-kernel. backend=None runs this forward on sm_90 from 4096 tokens where N > K, and dx from 4096 tokens at any K and N
-(grouped_matmul.preferred_backend: the ratios are there).
+kernel. backend=None runs the forward and dx on sm_90 from 4096 tokens (grouped_matmul.preferred_backend: the ratios
+are there).
 """
 
 from .backends import tilelang_entry_points, tilelang_target
@@ -24,16 +24,17 @@ from .matmul_tilelang import ARCHS, DTYPES, unsupported  # noqa: F401 - ARCHS: t
 
 AOT_TARGETS = ("cuda:90",)  # the AOT matrix's TileLang targets (aot.TILELANG_TARGETS) that build it
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, stages, threads, panel) by config name; "default" is what backend="tilelang" runs:
-# matmul's 128 x 256 x 64 tile in two consumer warp groups, 3 stages, panels of 8. panel > 0: the programs visit
-# panels of `panel` row tiles across every column tile (T.use_swizzle, column order), so that a wave reads each a tile
-# from L2 instead of once per column tile (E8 T16384 K4096 N14336 in launch order: a is read 56 times, 7.5 GB; H200,
-# benchmarks/sweep_grouped_matmul.py: forward 585 TFLOP/s with panels of 8, 513 in launch order)
+# (BLOCK_M, BLOCK_N, BLOCK_K, stages, threads, panel) by config name; "default" is what backend="tilelang" runs: a 128 x
+# 256 tile in two consumer warp groups, BLOCK_K 128 in 2 stages (half the K steps of "k64", and so half the pipeline
+# drains; its step was the faster in all three runs, H100 and H200, 2026-12-07), panels of 8. panel > 0: the programs
+# visit panels of `panel` row tiles across every column tile (T.use_swizzle, column order), so that a wave reads each a
+# tile from L2 instead of once per column tile (E8 T16384 K4096 N14336 in launch order: a is read 56 times, 7.5 GB;
+# H200, benchmarks/sweep_grouped_matmul.py: forward 585 TFLOP/s with panels of 8, 513 in launch order)
 CONFIGS = {
-    "default": (128, 256, 64, 3, 256, 8),
+    "default": (128, 256, 128, 2, 256, 8),
+    "k64": (128, 256, 64, 3, 256, 8),  # matmul_tilelang's default tile
     "m128n128s4": (128, 128, 64, 4, 256, 0),
     "unpaneled": (128, 256, 64, 3, 256, 0),
-    "k128": (128, 256, 128, 2, 256, 8),  # half the K steps, and so half the drains (matmul_tilelang.CONFIGS)
 }
 DEFAULT_CONFIG = "default"
 

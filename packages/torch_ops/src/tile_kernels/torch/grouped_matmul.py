@@ -94,7 +94,7 @@ def grouped_matmul(
     out[rows of e] = x[rows of e] @ weights[e], weights (E, K, N) in x's dtype. Returns (T, N); rows past the sizes'
     sum are 0 (the sum is not checked: a host sync). Differentiable in x and weights. backend: "triton", "tilelang"
     (Hopper, float16 / bfloat16: the forward and dx; dW on Triton) or None for the fastest measured for these inputs
-    on the device, per pass (core.preferred_backend: TileLang on Hopper from 4096 tokens, the forward where N > K)."""
+    on the device, per pass (core.preferred_backend: TileLang on Hopper from 4096 tokens)."""
     _, device = validated(core.NAME, core.check, ("x", "weights", "group_sizes"), x, weights, group_sizes)
     dims = (dtype_name(x.dtype), x.shape[0], *weights.shape[1:])
     forward, backward = (
