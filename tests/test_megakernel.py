@@ -825,15 +825,22 @@ def test_bench_plumbing_on_cpu(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "_graph_us", once)
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 32, 4, 2, 8, 48))
     monkeypatch.setattr(bench, "CONTEXT", 9)
-    result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path))
+    saved = []  # the implementations timed at each save: a run cut short keeps what it measured
+    result = bench.bench_shape("tiny", layers=1, device="cpu", trace_dir=str(tmp_path),
+                               save=lambda shape: saved.append(list(shape["us"])))  # fmt: skip
     assert result["notes"] == {} and len(calls) == len(result["us"]) == 21
+    assert saved == [list(result["us"])[: i + 1] for i in range(21)]
     assert all(v < 0.05 * result["max_abs_err_vs_eager"]["scale"] for k, v in result["max_abs_err_vs_eager"].items()
                if k != "scale"), result["max_abs_err_vs_eager"]  # fmt: skip
     table = bench.markdown({"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": [result]})
     assert "| tiny | 9 | per-op, CUDA graph + PDL | 100 | 10000 |" in table
     assert "| tiny | 9 | megakernel, 4 KV splits | 100 |" in table
     assert "## tiny, context 9: one traced megakernel step" in table and "| GATEUP | " in table
-    assert (tmp_path / "tiny_9_trace.json").exists()
+    assert (tmp_path / "tiny_9_trace.json").exists() and "tiny_9_trace.json" in result["trace_files"]
+    run = {"gpu": "cpu", "date": "today", "copy_gbs": 1.0, "shapes": []}
+    for _ in range(2):  # saved again as it fills in: one entry
+        bench._save(str(tmp_path), run, result)
+    assert run["shapes"] == [result] and (tmp_path / "megakernel.md").read_text() == bench.markdown(run) + "\n"
     # --impl: the megakernel and the implementations named by a part of their name
     chosen = bench.bench_shape("tiny", layers=1, device="cpu", impls=["PDL", "no L2 prefetch"])
     assert list(chosen["us"]) == ["megakernel", "per-op, CUDA graph + PDL", "megakernel, no L2 prefetch"]

@@ -24,6 +24,7 @@ a CUDA graph, since every launch takes the next epoch of its counters."""
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import sys
@@ -87,12 +88,14 @@ def bench_shape(
     trace_dir: str | None = None,
     context: int | None = None,
     impls: list[str] | None = None,
+    save=None,
 ) -> dict:
     """Builds the stack with random bf16 weights and times every implementation (with `impls`, the megakernel and
     those whose name contains one of them; a failure recorded, not raised), then traces one megakernel step
     (trace.py): its table per task kind in the result, and with `trace_dir` the Chrome trace and (with matplotlib)
-    the SM x time plot as files there. `device` "cpu" runs the plumbing in Triton's interpreter (tests, with the
-    timers replaced). `context`: the cached positions the step reads (default CONTEXT)."""
+    the SM x time plot as files there. `save`, if given, is called with the result so far after every
+    implementation (one dict, filled in as the run goes). `device` "cpu" runs the plumbing in Triton's interpreter
+    (tests, with the timers replaced). `context`: the cached positions the step reads (default CONTEXT)."""
     from dataclasses import replace
 
     import torch
@@ -181,29 +184,7 @@ def bench_shape(
         "megakernel, queues by traced cost": lambda: variant(costs_ns=trace.costs_ns()),
     }
     times, notes = {}, {}
-    for impl, timer in timers.items():
-        if impls and impl != "megakernel" and not any(part in impl for part in impls):
-            continue
-        try:
-            times[impl] = timer()
-        except Exception as e:  # noqa: BLE001 - recorded with the reason, never dropped silently
-            times[impl], notes[impl] = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        if device != "cpu":
-            torch.cuda.synchronize()
-        line = f"bench megakernel {shape_name}: {impl}: {times[impl]} us {notes.get(impl, '')}"
-        print(line, file=sys.stderr, flush=True)
-    trace_files = []
-    if trace_dir:
-        os.makedirs(trace_dir, exist_ok=True)
-        stem = os.path.join(trace_dir, f"{shape_name}_{context}_trace")
-        trace_files.append(stem + ".json")
-        trace.save(trace_files[-1])
-        try:
-            trace.plot(stem + ".png")
-            trace_files.append(stem + ".png")
-        except ImportError as e:
-            print(f"bench megakernel {shape_name}: no trace plot: {e}", file=sys.stderr)
-    return {
+    result = {
         "shape": shape_name,
         "config": {k: v for k, v in config.__dict__.items() if k != "rope_scaling"},
         "context": context,
@@ -217,8 +198,32 @@ def bench_shape(
         "us": times,
         "notes": notes,
         "trace": trace.table(),
-        "trace_files": [os.path.basename(f) for f in trace_files],
+        "trace_files": [],
     }
+    for impl, timer in timers.items():
+        if impls and impl != "megakernel" and not any(part in impl for part in impls):
+            continue
+        try:
+            times[impl] = timer()
+        except Exception as e:  # noqa: BLE001 - recorded with the reason, never dropped silently
+            times[impl], notes[impl] = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        if device != "cpu":
+            torch.cuda.synchronize()
+        line = f"bench megakernel {shape_name}: {impl}: {times[impl]} us {notes.get(impl, '')}"
+        print(line, file=sys.stderr, flush=True)
+        if save:
+            save(result)
+    if trace_dir:
+        os.makedirs(trace_dir, exist_ok=True)
+        stem = f"{shape_name}_{context}_trace"
+        trace.save(os.path.join(trace_dir, stem + ".json"))
+        result["trace_files"].append(stem + ".json")
+        try:
+            trace.plot(os.path.join(trace_dir, stem + ".png"))
+            result["trace_files"].append(stem + ".png")
+        except ImportError as e:
+            print(f"bench megakernel {shape_name}: no trace plot: {e}", file=sys.stderr)
+    return result
 
 
 def markdown(result: dict) -> str:
@@ -261,13 +266,20 @@ def run(out: str | None = None, shapes=None, layers: int | None = None, contexts
         "copy_gbs": _copy_gbs(),
         "shapes": [],
     }
+    save = functools.partial(_save, out, result)  # after every implementation: a cut-short run keeps it
     for name in shapes or SHAPES:
         for context in contexts or (CONTEXT,):
-            result["shapes"].append(bench_shape(name, layers, trace_dir=out, context=context, impls=impls))
-            if out:  # after every shape: a cut-short run keeps what it measured
-                os.makedirs(out, exist_ok=True)
-                with open(os.path.join(out, "megakernel.json"), "w") as f:
-                    json.dump(result, f, indent=1)
-                with open(os.path.join(out, "megakernel.md"), "w") as f:
-                    f.write(markdown(result) + "\n")
+            save(bench_shape(name, layers, trace_dir=out, context=context, impls=impls, save=save))
     return result
+
+
+def _save(out: str | None, result: dict, shape: dict) -> None:
+    """`shape` (a bench_shape result, maybe still filling in) into `result`, then both files into `out`."""
+    if not any(s is shape for s in result["shapes"]):
+        result["shapes"].append(shape)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "megakernel.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        with open(os.path.join(out, "megakernel.md"), "w") as f:
+            f.write(markdown(result) + "\n")
