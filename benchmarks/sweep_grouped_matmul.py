@@ -28,7 +28,7 @@ import tile_kernels.torch as tk
 from tile_kernels.core import grouped_matmul as core
 from tile_kernels.core import grouped_matmul_tilelang
 from tile_kernels.torch import _runtime
-from tile_kernels.torch._calls import cuda_arch
+from tile_kernels.torch._calls import cuda_arch, resolve_backend
 from tile_kernels.torch.grouped_matmul import grouped_matmul_bwd, grouped_matmul_bwd_compiled
 
 SHAPES = ((8, 16384, 4096, 14336), (8, 16384, 14336, 4096))
@@ -86,8 +86,7 @@ def sweep(e: int, t: int, k: int, n: int, say, kernels: bool = False, triton_can
         say(f"{name} torch._grouped_mm backward products: dx {peer_dx * 1e3:.0f} us, dW {peer_dw * 1e3:.0f} us")
 
     def backward(backend):  # the backward that `ours(backend)` records (backend=None: the one it resolves to)
-        arch = cuda_arch(x.device)
-        backend = backend or core.preferred_backend(arch, "bfloat16", t, k, n, backward=True)
+        backend = resolve_backend(core.NAME, backend, x.device, core.preferred_backend, "bfloat16", t, k, n, True)
         if backend == "triton":
             return functools.partial(grouped_matmul_bwd, dy, x0, w0, sizes)
         return functools.partial(grouped_matmul_bwd_compiled, dy, x0, w0, sizes, backend)
