@@ -36,7 +36,7 @@ SHAPES = {
     "tiny": (64, 96, 2, 4, 2, 160, 2, 32),
 }
 # tile-kernels: flash_attention's default backend (TileLang on sm_90 at head dims 64 and 128 in training);
-# +triton-attn: its Triton kernels; +sdpa: transformers' SDPA attention. liger last: it patches the modeling module.
+# +triton-attn: its Triton kernels; +sdpa: transformers' SDPA attention. liger: Liger-Kernel's patch of the model.
 VARIANTS = ("stock", "tile-kernels", "tile-kernels+residual-add", "tile-kernels+adds",
             "tile-kernels+triton-attn", "tile-kernels+sdpa", "tile-kernels+kept-norms", "liger")  # fmt: skip
 # apply_to's switches per variant (the defaults otherwise); +residual-add keeps the decoder layers' post-attention add;
@@ -323,23 +323,24 @@ def main(argv=None) -> int:
     variants = args.variant or list(VARIANTS)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     meta = run_meta("train_step.py", gpu, ("torch", "triton", "tilelang", "transformers", "liger-kernel"))
+    cases = [(shape, mode, variant) for shape in shapes for mode in args.mode or ["eager"] for variant in variants]
     rows = []
-    for shape in shapes:
-        for mode in args.mode or ["eager"]:
-            for variant in variants:
-                row = {"shape": shape, "mode": mode, "variant": variant}
-                try:
-                    model = build(shape, variant, args.device, dtype)
-                    row |= measure(model, shape, args.device, args.steps, mode == "compile", args.profile, args.memory)
-                except Exception as e:  # a variant that cannot run is reported, not dropped
-                    row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-                model = None
-                gc.collect()
-                if args.device.startswith("cuda"):
-                    torch.cuda.empty_cache()
-                    torch._dynamo.reset()
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
+    # Liger's patch replaces transformers' modeling functions for every model built after it: its rows run last
+    for shape, mode, variant in sorted(cases, key=lambda case: case[2] == "liger"):
+        row = {"shape": shape, "mode": mode, "variant": variant}
+        try:
+            model = build(shape, variant, args.device, dtype)
+            row |= measure(model, shape, args.device, args.steps, mode == "compile", args.profile, args.memory)
+        except Exception as e:  # a variant that cannot run is reported, not dropped
+            row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+        model = None
+        gc.collect()
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+            torch._dynamo.reset()
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    rows.sort(key=lambda row: cases.index((row["shape"], row["mode"], row["variant"])))
     text = markdown(meta, rows)
     print(text)
     write(args.out, "train_step", meta, rows, text)

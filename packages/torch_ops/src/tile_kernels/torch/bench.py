@@ -296,10 +296,11 @@ def _sdpa_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_s
     return out[:, :, 0]
 
 
-def _flashinfer_decode():
-    """FlashInfer's paged decode (BatchDecodeWithPagedKVCacheWrapper over the same NHD pages), planned at the first
-    call of a case (its host-side schedule: a serving engine plans once a step) and timed on run(). Sequences of
-    length 0 are outside its page table's convention (the benchmark's are full)."""
+def _flashinfer_decode(tensor_cores: bool = False):
+    """FlashInfer's paged decode (BatchDecodeWithPagedKVCacheWrapper over the same NHD pages; `tensor_cores`: its
+    use_tensor_cores kernels, which it recommends for grouped query heads), planned at the first call of a case (its
+    host-side schedule: a serving engine plans once a step) and timed on run(). Sequences of length 0 are outside its
+    page table's convention (the benchmark's are full)."""
     try:
         import flashinfer
     except ImportError:
@@ -321,7 +322,7 @@ def _flashinfer_decode():
             indices = torch.cat([block_table[b, : int(n)] for b, n in enumerate(pages)]).int()
             indptr = torch.cat([pages.new_zeros(1), pages.cumsum(0)]).int().to(q.device)
             wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                torch.empty(128 << 20, dtype=torch.uint8, device=q.device), "NHD"
+                torch.zeros(128 << 20, dtype=torch.uint8, device=q.device), "NHD", use_tensor_cores=tensor_cores
             )
             wrapper.plan(indptr, indices, ((lengths - 1) % page + 1).int().to(q.device), q.shape[1], k_cache.shape[2],
                          q.shape[2], page, q_data_type=q.dtype, kv_data_type=k_cache.dtype,
@@ -332,6 +333,44 @@ def _flashinfer_decode():
         return wrappers[key].run(q, (k_cache, v_cache), **scales)
 
     return decode
+
+
+def _flashinfer_mla():
+    """FlashInfer's MLA decode (BatchMLAPagedAttentionWrapper, its backend choice for the device) over the same pages
+    (kv_c and k_pe as its separate ckv / kpe caches), planned at the first call of a case and timed on run()."""
+    try:
+        import flashinfer.mla
+    except ImportError:
+
+        def missing(**_):
+            raise NotImplementedError("flashinfer-python is not installed")
+
+        return missing
+    wrappers = {}
+
+    def mla(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softmax_scale=None, return_lse=False):
+        if block_table is None:
+            raise NotImplementedError("FlashInfer's MLA decode: paged caches")
+        key = (q_nope.data_ptr(), kv_c.data_ptr(), block_table.data_ptr(), cache_seqlens.data_ptr())
+        if key not in wrappers:
+            batch, heads, latent = q_nope.shape
+            page = kv_c.shape[1]
+            lengths = cache_seqlens.long().cpu()
+            pages = (lengths + page - 1) // page
+            indices = torch.cat([block_table[b, : int(n)] for b, n in enumerate(pages)]).int()
+            kv_indptr = torch.cat([pages.new_zeros(1), pages.cumsum(0)]).int().to(q_nope.device)
+            qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=q_nope.device)
+            scale = softmax_scale or (latent + q_pe.shape[-1]) ** -0.5
+            wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(
+                torch.zeros(128 << 20, dtype=torch.uint8, device=q_nope.device)
+            )
+            wrapper.plan(qo_indptr, kv_indptr, indices, cache_seqlens.int(), heads, latent, q_pe.shape[-1], page,
+                         False, scale, q_nope.dtype, kv_c.dtype)  # fmt: skip
+            wrappers.clear()
+            wrappers[key] = wrapper
+        return wrappers[key].run(q_nope, q_pe, kv_c, k_pe)
+
+    return mla
 
 
 def _dequantized_once(a, qweight, scales, group_size=128, zeros=None):
@@ -529,7 +568,10 @@ class Provider:
             impls |= {"torch._scaled_mm (block scales)": _scaled_mm(True),
                       "torch._scaled_mm (per-tensor scales)": _scaled_mm(False)}  # fmt: skip
         if op == "decode_attention":
-            impls |= {"sdpa (padded cache)": _sdpa_decode, "flashinfer": _flashinfer_decode()}
+            impls |= {"sdpa (padded cache)": _sdpa_decode, "flashinfer": _flashinfer_decode(),
+                      "flashinfer tensor cores": _flashinfer_decode(tensor_cores=True)}  # fmt: skip
+        if op == "mla_decode":
+            impls["flashinfer"] = _flashinfer_mla()
         if op == "dequant_matmul":  # the anchor: cuBLAS on the weight dequantized once, in a's dtype
             impls["torch.mm (dequantized weight)"] = _dequantized_once
         if op == "flash_attention_varlen":  # the benchmark's sequences have one length: the same work as a batch
