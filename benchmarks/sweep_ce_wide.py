@@ -59,7 +59,8 @@ def main() -> None:
     configs += [
         (k * tgt.num_sms, block, warps) for k in (1, 2, 4) for block in (4096, 8192, 16384) for warps in (8, 16)
     ]
-    configs += [(rows, block, warps) for block in (8192, 16384) for warps in (8, 16)]
+    configs += [(k * tgt.num_sms, block, 32) for k in (1, 2) for block in (16384, 32768)]
+    configs += [(rows, block, warps) for block in (8192, 16384, 32768) for warps in (8, 16, 32)]
     for programs, block, warps in configs:
         run = Executor(plan_with(rows, classes, tgt, programs, block, warps))
         try:
