@@ -23,8 +23,9 @@ from tile_kernels.torch._runtime import Executor, target
 from tile_kernels.torch.bench import _copy_gbs
 
 
-def plan_with(rows: int, classes: int, tgt, programs=None, block=None, warps=None) -> Plan:
-    """The forward launch as fused_linear_cross_entropy builds it (gradient in place), with the parameters replaced."""
+def plan_with(rows: int, classes: int, tgt, programs=None, block=None, warps=None, online=None) -> Plan:
+    """The forward launch as fused_linear_cross_entropy builds it (gradient in place), with the parameters replaced
+    (`online`: the kernel's BLOCK_ONLINE, a running max / sum for the row instead of one a lane)."""
     launch = cross_entropy.forward_launch(1, rows, classes, logits="logits", labels="target", loss="loss", lse="lse",
                                           valid="valid", dlogits="logits", ignore_index=-100, label_smoothing=0.0,
                                           target=tgt)  # fmt: skip
@@ -34,6 +35,8 @@ def plan_with(rows: int, classes: int, tgt, programs=None, block=None, warps=Non
         launch = dataclasses.replace(launch, constexprs={**launch.constexprs, "BLOCK_V": block})
     if warps is not None:
         launch = dataclasses.replace(launch, num_warps=warps)
+    if online is not None:
+        launch = dataclasses.replace(launch, constexprs={**launch.constexprs, "BLOCK_ONLINE": online})
     buffers = {n: BufferSpec((1, rows), "float32") for n in ("loss", "lse", "valid")}
     return Plan({"logits": "bfloat16", "target": "int64"}, buffers, (launch,), ("lse", "logits"))
 
@@ -55,14 +58,16 @@ def main() -> None:
     launch = default.launches[0]
     print(f"default: {launch.grid[0]} programs, BLOCK_V {launch.constexprs['BLOCK_V']}, {launch.num_warps} warps")
     want_lse, want_grad = Executor(default)(logits.clone(), labels, device=device)
-    configs = [(None, None, None)]
+    configs = [(None, None, None, None)]  # the default; a persistent grid of 8-16 warps gained nothing (2026-12-06)
+    configs += [(rows, block, warps, False) for block in (8192, 16384) for warps in (16, 32)]
     configs += [
-        (k * tgt.num_sms, block, warps) for k in (1, 2, 4) for block in (4096, 8192, 16384) for warps in (8, 16)
+        (programs, block, warps, True)
+        for programs in (tgt.num_sms, 2 * tgt.num_sms, rows)
+        for block in (16384, 32768)
+        for warps in (16, 32)
     ]
-    configs += [(k * tgt.num_sms, block, 32) for k in (1, 2) for block in (16384, 32768)]
-    configs += [(rows, block, warps) for block in (8192, 16384, 32768) for warps in (8, 16, 32)]
-    for programs, block, warps in configs:
-        run = Executor(plan_with(rows, classes, tgt, programs, block, warps))
+    for programs, block, warps, online in configs:
+        run = Executor(plan_with(rows, classes, tgt, programs, block, warps, online))
         try:
             lse, grad = run(logits.clone(), labels, device=device)
             same = (
@@ -71,10 +76,12 @@ def main() -> None:
             work = logits.clone()  # overwritten by the gradient at the first call: the same bytes and exps after
             ms = triton.testing.do_bench(lambda run=run, work=work: run(work, labels, device=device))
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile or run is reported
-            print(f"{programs} programs, BLOCK_V {block}, {warps} warps: {type(e).__name__}: {str(e)[:120]}")
+            print(f"{programs} programs, BLOCK_V {block}, {warps} warps, online {online}: {type(e).__name__}: "
+                  f"{str(e)[:120]}")  # fmt: skip
             continue
         pct = 100 * 2 * logits.numel() * 2 / ms / 1e6 / copy_gbs
         name = "default*" if programs is None else f"{programs} programs, BLOCK_V {block}, {warps} warps"
+        name += " a row's running max" if online else ""
         print(f"{name}: {ms * 1e3:.1f} us {pct:.0f}% {'same' if same else 'DIFFERENT'}", flush=True)
 
 

@@ -412,3 +412,49 @@ def test_torch_gradients_carry_no_graph(reduction):
     loss.sum().backward()
     for grad in (hidden.grad, weight.grad):
         assert grad is not None and not grad.requires_grad and grad.grad_fn is None
+
+
+@needs_torch
+@cpu_only
+@pytest.mark.parametrize("online", [False, True], ids=["per-lane", "per-row"])
+@pytest.mark.parametrize("smoothing, masked_chunk", [(0.1, False), (0.0, True)], ids=["smoothing", "masked-chunk"])
+def test_streamed_chunk_forward_matches_float64(online, smoothing, masked_chunk):
+    """The chunk forward fused_linear_cross_entropy runs on rows wider than one block (lse, and the unit-cotangent
+    gradient written over the logits in place), with its running max / sum kept per lane or per row (BLOCK_ONLINE),
+    against float64; masked-chunk: a row whose first block is all -inf (no finite logit yet: no -inf - -inf)."""
+    import dataclasses
+
+    import torch
+
+    from tile_kernels.core import cross_entropy
+    from tile_kernels.core.plan import BufferSpec, Plan
+    from tile_kernels.torch._runtime import Executor
+
+    rows, v = 3, cross_entropy.STREAM_BLOCK * 2 + 37
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((rows, v)).astype(np.float32) * 3
+    if masked_chunk:
+        logits[0, : cross_entropy.STREAM_BLOCK + 5] = -np.inf
+    labels = np.array([v - 1, 7, -100])
+    launch = cross_entropy.forward_launch(1, rows, v, logits="logits", labels="target", loss="loss", lse="lse",
+                                          valid="valid", dlogits="logits", ignore_index=-100,
+                                          label_smoothing=smoothing, target=Target())  # fmt: skip
+    assert not launch.constexprs["ONE_BLOCK"]
+    launch = dataclasses.replace(launch, constexprs={**launch.constexprs, "BLOCK_ONLINE": online})
+    buffers = {n: BufferSpec((1, rows), "float32") for n in ("loss", "lse", "valid")}
+    plan = Plan({"logits": "float32", "target": "int64"}, buffers, (launch,), ("lse", "logits", "loss"))
+    lse, grad, loss = Executor(plan)(torch.from_numpy(logits.copy()), torch.from_numpy(labels), device="cpu")
+    x = logits.astype(np.float64)
+    m = x.max(1, keepdims=True)
+    want_lse = (m + np.log(np.exp(x - m).sum(1, keepdims=True)))[:, 0]
+    onehot = np.zeros_like(x)
+    onehot[[0, 1], labels[:2]] = 1.0
+    want_grad = np.exp(x - want_lse[:, None]) - (1 - smoothing) * onehot - smoothing / v
+    want_grad[2] = 0.0  # ignored row
+    want_loss = (1 - smoothing) * (want_lse - x[np.arange(rows), np.maximum(labels, 0)])
+    if smoothing:
+        want_loss += smoothing * (want_lse - x.mean(1))
+    want_loss[2] = 0.0
+    np.testing.assert_allclose(lse.numpy()[0], want_lse, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(loss.numpy()[0], want_loss, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grad.numpy(), want_grad, rtol=1e-4, atol=1e-6)

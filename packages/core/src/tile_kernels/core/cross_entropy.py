@@ -75,6 +75,7 @@ SEGMENT = 8192  # classes a program of the split forward of rows wider than MAX_
 # bf16 on an H100 (2026-12-06), 290 us against 308 at 4096 (rows.WIDE_ROW_BLOCK) and 322 at 16384; a persistent grid
 # of 1-4 programs an SM (the second read from L2) gained nothing (291-303 us)
 STREAM_BLOCK, STREAM_WARPS = 8192, 16
+STREAM_ONLINE = False  # the kernel's BLOCK_ONLINE for streamed rows (a running max / sum a row, not a lane)
 COMBINE_ROWS, COMBINE_SEGMENTS = 16, 32  # rows and segments a step of its combining launch
 # The row widths and strides are passed in units of 16 elements where they all divide (plan.in_units) and multiplied
 # back by UNIT first: rows then start 16-byte aligned and the loads and stores vectorize under jax-triton too. The
@@ -154,6 +155,7 @@ def cross_entropy_fwd_kernel(
     LOSS, LSE, VALID, DLOGITS,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, ONE_BLOCK: tl.constexpr, SMOOTH: tl.constexpr,
     HAS_VALID: tl.constexpr, WRITE_GRAD: tl.constexpr, REDUCE: tl.constexpr, UNIT: tl.constexpr,
+    BLOCK_ONLINE: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (G, batch), persistent: program g handles tiles g, g + G, ... of BLOCK_M rows of its problem. LOSS gets a
     row's loss (0 when ignored), LSE its log-sum-exp, VALID (for a reduction) 1.0 or 0.0 for an ignored row. REDUCE
@@ -162,7 +164,9 @@ def cross_entropy_fwd_kernel(
     WRITE_GRAD, DLOGITS (rows of V, may be LOGITS itself) gets the row's gradient for a unit cotangent (0 when
     ignored). ONE_BLOCK: a tile [BLOCK_M, BLOCK_V] in registers, the next tile's loads in flight while this one
     reduces (a row per program ran at a third of copy speed: one 8 KiB load, then three dependent block reductions).
-    Else (G = rows: a program per row) the row is streamed with an online max / sum. x[target] is gathered before any
+    Else (G = rows: a program per row) the row is streamed with an online max / sum, kept per lane of a chunk (two
+    exps a logit, three running values a lane) or, BLOCK_ONLINE, one for the row (one exp a logit and a block
+    reduction a chunk: fewer registers, for wide chunks of many warps). x[target] is gathered before any
     store of its row, so an in-place gradient cannot race with it."""
     V, stride_row = V * UNIT, stride_row * UNIT
     smoothing = tl.cast(smoothing, tl.float32)  # torch.compile passes floats as fp64
@@ -193,22 +197,37 @@ def cross_entropy_fwd_kernel(
         for row in range(row0 + g, row_end, G):
             x_ptr = LOGITS + row * stride_row
             t = tl.load(TARGET + row).to(tl.int64)
-            m_lane = tl.full([BLOCK_V], -float("inf"), dtype=tl.float32)
-            s_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
-            x_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
-            t_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
-            for start in range(0, V, BLOCK_V):
-                cols = start + tl.arange(0, BLOCK_V)
-                x = tl.load(x_ptr + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
-                m_lane, s_lane = online_max_sum_step(m_lane, s_lane, x)
-                t_lane += tl.where(cols == t, x, 0.0)
-                if SMOOTH:
-                    x_lane += tl.where(cols < V, x, 0.0)
-            m, s = online_max_sum_total(m_lane, s_lane)
+            if BLOCK_ONLINE:  # a running max / sum of the row: one exp a logit, a block reduction a chunk
+                m = -float("inf")
+                s = 0.0
+                sum_x = 0.0
+                x_t = tl.load(x_ptr + t, mask=(t >= 0) & (t < V), other=0.0).to(tl.float32)  # before any store
+                for start in range(0, V, BLOCK_V):
+                    cols = start + tl.arange(0, BLOCK_V)
+                    x = tl.load(x_ptr + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
+                    m_new = tl.maximum(m, tl.max(x, axis=0))
+                    m_safe = tl.where(m_new > -float("inf"), m_new, 0.0)  # no -inf - -inf before a finite logit
+                    s = s * exp_minus(m, m_safe) + tl.sum(exp_minus(x, m_safe), axis=0)
+                    m = m_new
+                    if SMOOTH:
+                        sum_x += tl.sum(tl.where(cols < V, x, 0.0), axis=0)
+            else:  # per-lane running values, reduced once at the end
+                m_lane = tl.full([BLOCK_V], -float("inf"), dtype=tl.float32)
+                s_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
+                x_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
+                t_lane = tl.zeros([BLOCK_V], dtype=tl.float32)
+                for start in range(0, V, BLOCK_V):
+                    cols = start + tl.arange(0, BLOCK_V)
+                    x = tl.load(x_ptr + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
+                    m_lane, s_lane = online_max_sum_step(m_lane, s_lane, x)
+                    t_lane += tl.where(cols == t, x, 0.0)
+                    if SMOOTH:
+                        x_lane += tl.where(cols < V, x, 0.0)
+                m, s = online_max_sum_total(m_lane, s_lane)
+                x_t, sum_x = tl.sum(t_lane, axis=0), tl.sum(x_lane, axis=0)
             lse = m + tl.log(s)
-            ignored, _, _ = _row_losses(LOSS, LSE, VALID, row, row_end, lse, tl.sum(t_lane, axis=0),
-                                        tl.sum(x_lane, axis=0), t, V, ignore_index, smoothing, SMOOTH, HAS_VALID,
-                                        True)  # fmt: skip
+            ignored, _, _ = _row_losses(LOSS, LSE, VALID, row, row_end, lse, x_t, sum_x, t, V, ignore_index,
+                                        smoothing, SMOOTH, HAS_VALID, True)  # fmt: skip
             if WRITE_GRAD:
                 g_row = tl.where(ignored, 0.0, 1.0)
                 for start in range(0, V, BLOCK_V):
@@ -392,7 +411,7 @@ def forward_launch(
         writes=(loss, lse, valid, dlogits),
         constexprs=dict(BLOCK_M=tile_rows, BLOCK_V=block, ONE_BLOCK=one_block, SMOOTH=label_smoothing > 0,
                         HAS_VALID=valid is not None, WRITE_GRAD=dlogits is not None,
-                        REDUCE=REDUCTIONS.index(reduction)),
+                        REDUCE=REDUCTIONS.index(reduction), BLOCK_ONLINE=STREAM_ONLINE and not one_block),
         num_warps=warps,
     )  # fmt: skip
     return in_units(launch, "V", "stride_row")
