@@ -4,7 +4,7 @@ over its launch parameters: programs (the grid; a program loops over rows), the 
 A program's row is read twice (the online max / sum, then the gradient pass): with few rows in flight the second
 read can come from L2. Each line: device time (triton.testing.do_bench), % of the measured copy bandwidth for one
 read and one write of the logits, and whether its lse and gradient match the default launch's; the default is
-marked *. Llama-3's vocabulary by default:
+marked *; Liger-Kernel's forward last, where installed. Llama-3's vocabulary by default:
 
     python benchmarks/sweep_ce_wide.py [--rows 1024] [--classes 128256]
 """
@@ -83,6 +83,21 @@ def main() -> None:
         name = "default*" if programs is None else f"{programs} programs, BLOCK_V {block}, {warps} warps"
         name += " a row's running max" if online else ""
         print(f"{name}: {ms * 1e3:.1f} us {pct:.0f}% {'same' if same else 'DIFFERENT'}", flush=True)
+    liger(logits, labels, copy_gbs)
+
+
+def liger(logits, labels, copy_gbs: float) -> None:
+    """Liger-Kernel's cross-entropy forward on the same logits in the same run: it too writes the gradient over the
+    logits (a row a program, 32 warps on Hopper); its host syncs (two .item() a call) are in its time."""
+    try:
+        from liger_kernel.ops.cross_entropy import cross_entropy_forward
+    except ImportError:
+        print("liger: not installed")
+        return
+    work = logits.clone().requires_grad_()  # its kernel writes the gradient only for an input that wants one
+    ms = triton.testing.do_bench(lambda: cross_entropy_forward(work, labels, None, -100, 0.0, 0.0, "mean", None, False))
+    pct = 100 * 2 * logits.numel() * 2 / ms / 1e6 / copy_gbs
+    print(f"liger (with its host syncs): {ms * 1e3:.1f} us {pct:.0f}%", flush=True)
 
 
 if __name__ == "__main__":
