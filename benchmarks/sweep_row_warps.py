@@ -1,7 +1,8 @@
 """num_warps of the row kernels (softmax forward and backward, cross_entropy forward, rms_norm backward), timed on this
 machine's GPU at 2^26 elements over a sweep of row widths, beside Liger-Kernel's softmax where it is installed. Each
 line: device time (triton.testing.do_bench), % of the measured copy bandwidth (algorithmic bytes: each input read
-once, each output written once); the warps the op's plan picks are marked *.
+once, each output written once); the warps the op's plan picks are marked *. The in-register rms_norm backward also
+with one and with two rows' loads in flight (its kernel's ROWS_AHEAD; norms.BACKWARD_ROWS_AHEAD is the default).
 
     python benchmarks/sweep_row_warps.py
 """
@@ -25,6 +26,13 @@ def with_warps(plan, warps: int):
     """The plan with its first launch (the row kernel) at `warps` warps."""
     first, *rest = plan.launches
     return dataclasses.replace(plan, launches=(dataclasses.replace(first, num_warps=warps), *rest))
+
+
+def rows_ahead(plan, ahead: int):
+    """The in-register norm backward's plan with its kernel's ROWS_AHEAD (rows whose loads are in flight) replaced."""
+    first, *rest = plan.launches
+    first = dataclasses.replace(first, constexprs={**first.constexprs, "ROWS_AHEAD": ahead})
+    return dataclasses.replace(plan, launches=(first, *rest))
 
 
 def main() -> None:
@@ -58,6 +66,14 @@ def main() -> None:
                 (dy, x, weight, rstd), 3,
             ),
         }  # fmt: skip
+        if n <= norms.BACKWARD_MAX_ROW_BLOCK:  # the in-register backward: one or two rows' loads in flight
+            for has_dh in (False, True):
+                plan = norms.backward(1, m, n, is_rms=True, x_dtype="bfloat16", weight_dtype="bfloat16",
+                                      has_bias=False, has_dh=has_dh, target=tgt)  # fmt: skip
+                inputs = (dy, x, weight, rstd) + ((dy,) if has_dh else ())
+                for ahead in (1, 2):
+                    label = f"rms_norm bwd{' + dh' if has_dh else ''}, {ahead} row(s) ahead"
+                    cases[label] = (rows_ahead(plan, ahead), inputs, 4 if has_dh else 3)
         for name, (plan, inputs, passes) in cases.items():
             line, default = [], plan.launches[0].num_warps
             for warps in WARPS:

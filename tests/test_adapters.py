@@ -443,3 +443,47 @@ def test_numpy_scalar_arguments_are_accepted(framework):
     python = ops.flash_attention(q, k, v, softmax_scale=0.3, softcap=5.0)
     numpy = ops.flash_attention(q, k, v, softmax_scale=np.float32(0.3), softcap=np.float32(5.0))
     np.testing.assert_allclose(driver.numpy(numpy), driver.numpy(python), rtol=1e-6, atol=1e-7)
+
+
+@needs_torch
+@pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernels in Triton's interpreter")
+@pytest.mark.parametrize("ahead", [1, 2])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_norm_backward_with_rows_ahead_matches_float64(monkeypatch, op, residual, ahead):
+    """The in-register norm backward with one or two rows' loads in flight (norms.BACKWARD_ROWS_AHEAD: its kernel's
+    ROWS_AHEAD), over more rows than programs (each program's prefetch crosses its last row), with and without the
+    residual's gradient, against float64."""
+    import torch
+    import torch.nn.functional as F
+
+    import tile_kernels.torch as tk
+    from tile_kernels.core import norms
+    from tile_kernels.torch import _runtime
+
+    monkeypatch.setattr(norms, "BACKWARD_ROWS_AHEAD", ahead)
+    _runtime._cached_executor.cache_clear()  # plans built with another value
+    _runtime._COMPACT_RUNS.clear()
+    g = torch.Generator().manual_seed(3)
+    rows, n = 301, 96  # more rows than the CPU target's 128 programs: a program takes 2-3
+    x, r, dy, dh = (torch.randn(rows, n, generator=g) for _ in range(4))
+    w, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    leaves = [t.clone().requires_grad_() for t in (x, r, w, b)]
+    wide = [t.double().requires_grad_() for t in (x, r, w, b)]
+    for (xx, rr, ww, bb), ours in ((leaves, True), (wide, False)):
+        h = xx + rr if residual and not ours else xx
+        if ours:
+            out = (tk.rms_norm(xx, ww, residual=rr if residual else None) if op == "rms_norm"
+                   else tk.layer_norm(xx, ww, bb, residual=rr if residual else None))  # fmt: skip
+        else:
+            y = F.rms_norm(h, (n,), ww, 1e-6) if op == "rms_norm" else F.layer_norm(h, (n,), ww, bb, 1e-5)
+            out = (y, h) if residual else y
+        y, hh = out if residual else (out, None)
+        loss = (y * dy.to(y.dtype)).sum() + ((hh * dh.to(hh.dtype)).sum() if residual else 0)
+        loss.backward()
+    _runtime._cached_executor.cache_clear()
+    _runtime._COMPACT_RUNS.clear()
+    for name, got, want in zip(("x", "residual", "weight", "bias"), leaves, wide, strict=True):
+        if want.grad is None:
+            continue
+        np.testing.assert_allclose(got.grad.numpy(), want.grad.numpy(), rtol=2e-4, atol=2e-4, err_msg=f"d{name}")

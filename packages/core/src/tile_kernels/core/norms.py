@@ -52,6 +52,9 @@ from .rows import MAX_ROW_BLOCK, WIDTH_BUCKETS, programs_per_problem, row_block,
 
 BACKWARD_MAX_ROW_BLOCK = 8192  # in-register rows of the backward (h, dy, dh, weight and two accumulators live)
 ONE_PROGRAM_ROWS = 8  # rows a problem's in-register backward handles in one program (one launch, no partials)
+# rows of the in-register backward whose loads are in flight while one reduces (its kernel's ROWS_AHEAD). With 1, Triton
+# 3.6's sm_90 build at 4096 columns with dh takes 170 registers: one 8-warp program an SM, ~24 KB of loads in flight
+BACKWARD_ROWS_AHEAD = 1
 # Bytes of a row a thread of the in-register backward holds: 16-bit rows take half the forward's warps, float32 rows
 # as many (16 elements a thread spill there on sm_80). benchmarks/sweep_row_warps.py on an H100 (2026-12-05; 2^26 bf16
 # elements, rms_norm, % of copy with 16 / 8 elements a thread on the same grid): 1024 wide 78 / 72, 2048 84 / 80,
@@ -234,10 +237,12 @@ def norm_bwd_kernel(
     DY, H, W, MEAN, RSTD, DH, rows, N, stride_dy, stride_h, stride_w, stride_dh,
     DX, DW_PARTIAL, DB_PARTIAL,
     IS_RMS: tl.constexpr, HAS_DH: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    UNIT: tl.constexpr,
+    UNIT: tl.constexpr, ROWS_AHEAD: tl.constexpr = 1,
 ):  # fmt: skip
     """Grid (G, batch): program g handles rows g, g + G, ... of its problem, each in registers (up to BLOCK_N
-    elements), and writes DW/DB_PARTIAL[b, g, :] (fp32 partials; with G = 1 the gradients, in their dtype)."""
+    elements), and writes DW/DB_PARTIAL[b, g, :] (fp32 partials; with G = 1 the gradients, in their dtype).
+    ROWS_AHEAD (1 or 2): rows whose loads are in flight while one reduces (2: twice the bytes in flight an SM, for
+    ~1.5 registers an element more)."""
     N, stride_dy, stride_h, stride_w, stride_dh = (N * UNIT, stride_dy * UNIT, stride_h * UNIT, stride_w * UNIT,
                                                    stride_dh * UNIT)  # fmt: skip
     g = tl.program_id(0)
@@ -253,12 +258,20 @@ def norm_bwd_kernel(
     row_end = (b + 1) * rows
     nxt = _load_row(DY, H, DH, MEAN, RSTD, b * rows + g, row_end, stride_dy, stride_h, stride_dh, cols, mask, IS_RMS,
                     HAS_DH)  # fmt: skip
+    if ROWS_AHEAD == 2:
+        nxt2 = _load_row(DY, H, DH, MEAN, RSTD, b * rows + g + G, row_end, stride_dy, stride_h, stride_dh, cols, mask,
+                         IS_RMS, HAS_DH)  # fmt: skip
     for m in range(g, rows, G):
         row = b * rows + m
         h, dy, dh, mean, rstd = nxt
         h, dy = h.to(tl.float32), dy.to(tl.float32)
-        nxt = _load_row(DY, H, DH, MEAN, RSTD, row + G, row_end, stride_dy, stride_h, stride_dh, cols, mask, IS_RMS,
-                        HAS_DH)  # fmt: skip
+        if ROWS_AHEAD == 2:
+            nxt = nxt2
+            nxt2 = _load_row(DY, H, DH, MEAN, RSTD, row + 2 * G, row_end, stride_dy, stride_h, stride_dh, cols, mask,
+                             IS_RMS, HAS_DH)  # fmt: skip
+        else:
+            nxt = _load_row(DY, H, DH, MEAN, RSTD, row + G, row_end, stride_dy, stride_h, stride_dh, cols, mask,
+                            IS_RMS, HAS_DH)  # fmt: skip
         xhat = tl.where(mask, (h - mean) * rstd, 0.0)
         wdy = w * dy
         dx = wdy - xhat * (_mean(tl.sum(xhat * wdy, axis=0), N))
@@ -476,7 +489,8 @@ def backward(
                 grid=(programs, batch),
                 reads=stats + ("dh" if has_dh else None, rows, n, *strides, stride_dh),
                 writes=("dx", partials[0], partials[1] if has_bias else None),
-                constexprs=dict(IS_RMS=is_rms, HAS_DH=has_dh, HAS_BIAS=has_bias, BLOCK_N=block),
+                constexprs=dict(IS_RMS=is_rms, HAS_DH=has_dh, HAS_BIAS=has_bias, BLOCK_N=block,
+                                ROWS_AHEAD=BACKWARD_ROWS_AHEAD),
                 num_warps=warps,
             ), "N", "stride_dy", "stride_h", "stride_w", "stride_dh"),
         ) + tuple(sum_partials(p, name, batch, programs, n, target) for p, name in zip(partials, grads)
