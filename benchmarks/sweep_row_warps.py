@@ -22,17 +22,12 @@ WIDTHS = (256, 1024, 2048, 4096, 8192, 16384)
 WARPS = (1, 2, 4, 8, 16, 32)
 
 
-def with_warps(plan, warps: int):
-    """The plan with its first launch (the row kernel) at `warps` warps."""
+def with_first(plan, **changes):
+    """The plan with its first launch (the row kernel) replaced by `changes` (Launch fields; constexprs merged)."""
     first, *rest = plan.launches
-    return dataclasses.replace(plan, launches=(dataclasses.replace(first, num_warps=warps), *rest))
-
-
-def rows_ahead(plan, ahead: int):
-    """The in-register norm backward's plan with its kernel's ROWS_AHEAD (rows whose loads are in flight) replaced."""
-    first, *rest = plan.launches
-    first = dataclasses.replace(first, constexprs={**first.constexprs, "ROWS_AHEAD": ahead})
-    return dataclasses.replace(plan, launches=(first, *rest))
+    if "constexprs" in changes:
+        changes["constexprs"] = {**first.constexprs, **changes["constexprs"]}
+    return dataclasses.replace(plan, launches=(dataclasses.replace(first, **changes), *rest))
 
 
 def main() -> None:
@@ -73,11 +68,11 @@ def main() -> None:
                 inputs = (dy, x, weight, rstd) + ((dy,) if has_dh else ())
                 for ahead in (1, 2):
                     label = f"rms_norm bwd{' + dh' if has_dh else ''}, {ahead} row(s) ahead"
-                    cases[label] = (rows_ahead(plan, ahead), inputs, 4 if has_dh else 3)
+                    cases[label] = (with_first(plan, constexprs={"ROWS_AHEAD": ahead}), inputs, 4 if has_dh else 3)
         for name, (plan, inputs, passes) in cases.items():
             line, default = [], plan.launches[0].num_warps
             for warps in WARPS:
-                run = Executor(with_warps(plan, warps))
+                run = Executor(with_first(plan, num_warps=warps))
                 ms = triton.testing.do_bench(lambda run=run, inputs=inputs: run(*inputs, device=device))
                 pct = 100 * passes * x.numel() * 2 / ms / 1e6 / copy_gbs
                 line.append(f"{warps}{'*' if warps == default else ''}: {ms * 1e3:.1f} us {pct:.0f}%")

@@ -296,19 +296,36 @@ def _sdpa_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_s
     return out[:, :, 0]
 
 
+def _flashinfer(module: str):
+    """FlashInfer's `module` ("flashinfer", "flashinfer.mla"), or None where flashinfer-python is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+def _flashinfer_missing(**_):
+    raise NotImplementedError("flashinfer-python is not installed")
+
+
+def _page_lists(cache_seqlens, block_table, page: int, device) -> tuple:
+    """FlashInfer's page table of the sequences' used pages: (lengths (B,) int64 on the host, indptr (B + 1,) int32,
+    indices (the pages in order) int32), from cache_seqlens and block_table (B, max_pages)."""
+    lengths = cache_seqlens.long().cpu()
+    pages = (lengths + page - 1) // page
+    indices = torch.cat([block_table[b, : int(n)] for b, n in enumerate(pages)]).int()
+    indptr = torch.cat([pages.new_zeros(1), pages.cumsum(0)]).int().to(device)
+    return lengths, indptr, indices
+
+
 def _flashinfer_decode(tensor_cores: bool = False):
     """FlashInfer's paged decode (BatchDecodeWithPagedKVCacheWrapper over the same NHD pages; `tensor_cores`: its
     use_tensor_cores kernels, which it recommends for grouped query heads), planned at the first call of a case (its
     host-side schedule: a serving engine plans once a step) and timed on run(). Sequences of length 0 are outside its
     page table's convention (the benchmark's are full)."""
-    try:
-        import flashinfer
-    except ImportError:
-
-        def missing(**_):
-            raise NotImplementedError("flashinfer-python is not installed")
-
-        return missing
+    flashinfer = _flashinfer("flashinfer")
+    if flashinfer is None:
+        return _flashinfer_missing
     wrappers = {}
 
     def decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None, k_scale=None, v_scale=None):
@@ -317,10 +334,7 @@ def _flashinfer_decode(tensor_cores: bool = False):
         key = (q.data_ptr(), k_cache.data_ptr(), block_table.data_ptr(), cache_seqlens.data_ptr())
         if key not in wrappers:
             page = k_cache.shape[1]
-            lengths = cache_seqlens.long().cpu()
-            pages = (lengths + page - 1) // page
-            indices = torch.cat([block_table[b, : int(n)] for b, n in enumerate(pages)]).int()
-            indptr = torch.cat([pages.new_zeros(1), pages.cumsum(0)]).int().to(q.device)
+            lengths, indptr, indices = _page_lists(cache_seqlens, block_table, page, q.device)
             wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 torch.zeros(128 << 20, dtype=torch.uint8, device=q.device), "NHD", use_tensor_cores=tensor_cores
             )
@@ -338,14 +352,9 @@ def _flashinfer_decode(tensor_cores: bool = False):
 def _flashinfer_mla():
     """FlashInfer's MLA decode (BatchMLAPagedAttentionWrapper, its backend choice for the device) over the same pages
     (kv_c and k_pe as its separate ckv / kpe caches), planned at the first call of a case and timed on run()."""
-    try:
-        import flashinfer.mla
-    except ImportError:
-
-        def missing(**_):
-            raise NotImplementedError("flashinfer-python is not installed")
-
-        return missing
+    mla_module = _flashinfer("flashinfer.mla")
+    if mla_module is None:
+        return _flashinfer_missing
     wrappers = {}
 
     def mla(q_nope, q_pe, kv_c, k_pe, cache_seqlens, block_table=None, softmax_scale=None, return_lse=False):
@@ -355,13 +364,10 @@ def _flashinfer_mla():
         if key not in wrappers:
             batch, heads, latent = q_nope.shape
             page = kv_c.shape[1]
-            lengths = cache_seqlens.long().cpu()
-            pages = (lengths + page - 1) // page
-            indices = torch.cat([block_table[b, : int(n)] for b, n in enumerate(pages)]).int()
-            kv_indptr = torch.cat([pages.new_zeros(1), pages.cumsum(0)]).int().to(q_nope.device)
+            _, kv_indptr, indices = _page_lists(cache_seqlens, block_table, page, q_nope.device)
             qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=q_nope.device)
             scale = softmax_scale or (latent + q_pe.shape[-1]) ** -0.5
-            wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(
+            wrapper = mla_module.BatchMLAPagedAttentionWrapper(
                 torch.zeros(128 << 20, dtype=torch.uint8, device=q_nope.device)
             )
             wrapper.plan(qo_indptr, kv_indptr, indices, cache_seqlens.int(), heads, latent, q_pe.shape[-1], page,
