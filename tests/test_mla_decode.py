@@ -10,7 +10,7 @@ from conftest import DEVICE, needs_torch
 from drivers import DRIVERS
 from test_ops import assert_close
 
-from tile_kernels.core import Target, host
+from tile_kernels.core import Target, host, mla_decode_tilelang
 from tile_kernels.core import mla_decode as mla
 from tile_kernels.core.registry import round_to
 
@@ -272,19 +272,16 @@ def test_tilelang_matches_the_reference(framework, dtype, lengths, heads, paged)
     assert np.all(got[0][empty] == 0)
 
 
-@needs_gpu
-@needs_torch
-@pytest.mark.parametrize("paged", [False, True])
-def test_tilelang_split_counts_agree(paged):
-    """The plan run directly with forced split counts (1: the whole kernel; 2, 5, 33: the partial kernel and the
-    Triton combine) at one length of each kind, poisoned buffers (TILE_KERNELS_POISON=1)."""
+def _tilelang_plans_agree(lengths, heads, paged, splits, tile_config=None):
+    """The TileLang plan run directly (poisoned buffers, TILE_KERNELS_POISON=1) with forced split counts against
+    the float64 reference, the cache slots past each length NaN."""
     import torch
 
     from tile_kernels.torch._runtime import Executor, target
 
-    rng = np.random.default_rng(11)
-    lengths = [0, 1, 65, 3000]
-    kwargs = _contiguous(rng, lengths, 3008, 128, 512, 64, "bfloat16")
+    rng = np.random.default_rng(len(lengths) * 100 + heads + paged)
+    capacity = -(-max(max(lengths), 1) // 64) * 64
+    kwargs = _contiguous(rng, lengths, capacity, heads, 512, 64, "bfloat16")
     kwargs = _poison_past_lengths(_paged(rng, kwargs, 64) if paged else kwargs)
     want = mla.reference(**{**kwargs, "kv_c": np.nan_to_num(kwargs["kv_c"]), "k_pe": np.nan_to_num(kwargs["k_pe"])})
     names = ["q_nope", "q_pe", "kv_c", "k_pe", "cache_seqlens"] + (["block_table"] if paged else [])
@@ -292,13 +289,33 @@ def test_tilelang_split_counts_agree(paged):
     tensors = [driver.array(kwargs[n]) for n in names]
     device = tensors[0].device
     major, minor = torch.cuda.get_device_capability(device)
-    for splits in (1, 2, 5, 33):
-        plan = mla.compiled_forward("tilelang", 4, 128, 512, 64, 3008, dtype="bfloat16", scale=None,
+    for s in splits:
+        plan = mla.compiled_forward("tilelang", len(lengths), heads, 512, 64, capacity, dtype="bfloat16", scale=None,
                                     arch=10 * major + minor, target=target(device), page_size=64 if paged else None,
-                                    num_splits=splits)  # fmt: skip
+                                    num_splits=s, tile_config=tile_config)  # fmt: skip
         out, lse = (driver.numpy(t) for t in Executor(plan)(*tensors, device=device))
-        assert_close(f"out, {splits} splits", out, want[0], "bfloat16")
-        assert_close(f"lse, {splits} splits", lse, want[1], "float32")
+        assert_close(f"out, {tile_config}, {s} splits", out, want[0], "bfloat16")
+        assert_close(f"lse, {tile_config}, {s} splits", lse, want[1], "float32")
+
+
+@needs_gpu
+@needs_torch
+@pytest.mark.parametrize("paged", [False, True])
+def test_tilelang_split_counts_agree(paged):
+    """Split counts 1 (the whole kernel), 2, 5 and 33 (the partial kernel and the Triton combine) at one length of
+    each kind."""
+    _tilelang_plans_agree([0, 1, 65, 3000], 128, paged, (1, 2, 5, 33))
+
+
+@needs_gpu
+@needs_torch
+@pytest.mark.parametrize("tile_config", sorted(mla_decode_tilelang.CONFIGS))
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("lengths, heads", [([0, 1, 63, 64, 65, 128, 3000], 128), ([1, 129, 700], 16)])
+def test_every_tilelang_configuration_matches_the_reference(tile_config, paged, lengths, heads):
+    """Each of mla_decode_tilelang.CONFIGS, whole and split: lengths around its blocks (and pairs of blocks), fewer
+    heads than a tile."""
+    _tilelang_plans_agree(lengths, heads, paged, (1, 3), tile_config)
 
 
 @needs_gpu

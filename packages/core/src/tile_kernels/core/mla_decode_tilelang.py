@@ -53,8 +53,12 @@ AOT_TARGETS = ("cuda:90",)
 FAST_MATH = {"tl.enable_fast_math": True}  # exp2 / log2 as single MUFU instructions (as flash_attention_tilelang)
 
 # (BLOCK_N, stages) by config name; "default" is what backend="tilelang" runs. BLOCK_N 64 in 2 stages fills 224 KiB
-# of shared memory; 32 in 2 or 3 stages leaves room (benchmarks/sweep_mla_decode_tilelang.py times them all).
-CONFIGS = {"default": (64, 2), "n32s2": (32, 2), "n32s3": (32, 3)}
+# of shared memory; 32 in 2 or 3 stages leaves room (benchmarks/sweep_mla_decode_tilelang.py times them all). "ws"
+# is a second body (body_ws, FlashMLA's split of the work): one consumer group computes each block's whole 64 x 64
+# scores as one wgmma of N 64 (the default's groups each run N = BLOCK_N / 2, reading q's 72 KiB from shared memory
+# twice a block), the other multiplies its half of the outputs while the first moves to the next block; roles,
+# barriers and register shares written by hand (240 / 168 / 56), TMA loads into two buffers.
+CONFIGS = {"default": (64, 2), "n32s2": (32, 2), "n32s3": (32, 3), "ws": (64, 2)}
 DEFAULT_CONFIG = "default"
 
 
@@ -113,6 +117,15 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     B, H, P, PS, S = T.dynamic("B H P PS S")  # noqa: N806 - sizes
     MP = T.dynamic("MP") if paged else 1  # noqa: N806
 
+    def bounds(SEQLENS, b, split, splits):  # noqa: N803
+        """[start, end) of split `split` of sequence b's positions, and its blocks (at least one)."""
+        capacity = MP * PS if paged else PS
+        seqlen = T.min(T.max(SEQLENS[b], 0), capacity)
+        chunk = T.ceildiv(T.ceildiv(seqlen, splits), block_n) * block_n
+        start = split * chunk
+        end = T.min(start + chunk, seqlen)
+        return start, end, T.max(T.ceildiv(end - start, block_n), 1)
+
     @T.macro
     def body(Q_NOPE, Q_PE, KV, K_PE, SEQLENS, BLOCK_TABLE, OUT, LSE, scale, splits):  # noqa: N803
         # the head tiles of a sequence are neighbours in the grid: they run at the same time and share its rows in L2
@@ -130,13 +143,8 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
             l = T.alloc_fragment((bh,), f32)  # noqa: E741 - the softmax denominator's usual name
 
             h0 = hb * bh
-            capacity = MP * PS if paged else PS
-            seqlen = T.min(T.max(SEQLENS[b], 0), capacity)
-            chunk = T.ceildiv(T.ceildiv(seqlen, splits), block_n) * block_n
-            start = split * chunk
-            end = T.min(start + chunk, seqlen)
             # at least one block: an empty split masks all of one (see the module's docstring)
-            blocks = T.max(T.ceildiv(end - start, block_n), 1)
+            start, end, blocks = bounds(SEQLENS, b, split, splits)
 
             T.copy(Q_NOPE[b, h0 : h0 + bh, :], q_tile)
             T.copy(Q_PE[b, h0 : h0 + bh, :], qpe_tile)
@@ -185,6 +193,161 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                 for i in T.Parallel(bh):
                     if h0 + i < H:
                         LSE[b, h0 + i] = T.if_then_else(l[i] == 0, -T.infinity(f32), (m[i] + T.log2(l[i])) * LN2)
+
+    @T.macro
+    def body_ws(Q_NOPE, Q_PE, KV, K_PE, SEQLENS, BLOCK_TABLE, OUT, LSE, scale, splits):  # noqa: N803
+        # "ws": three warp groups by hand. Group 0 computes each block's whole 64 x BLOCK_N scores (one wgmma of
+        # N = BLOCK_N a K slice), its softmax and the left half of p kv; group 1 the right half of p kv from the
+        # probabilities and rescale factors group 0 leaves in shared memory; group 2 loads the blocks with cp.async
+        # into two buffers (rows past the split's end zero-filled by the copy's predicate).
+        half = dc // 2
+        with T.Kernel(T.ceildiv(H, bh), B, splits, threads=384) as (hb, b, split):
+            q_l = T.alloc_shared((bh, half), dtype)
+            q_r = T.alloc_shared((bh, half), dtype)
+            qpe_tile = T.alloc_shared((bh, dr), dtype)
+            kv0_l = T.alloc_shared((block_n, half), dtype)
+            kv0_r = T.alloc_shared((block_n, half), dtype)
+            kv1_l = T.alloc_shared((block_n, half), dtype)
+            kv1_r = T.alloc_shared((block_n, half), dtype)
+            kpe0 = T.alloc_shared((block_n, dr), dtype)
+            kpe1 = T.alloc_shared((block_n, dr), dtype)
+            kvs_l, kvs_r, kpes = [kv0_l, kv1_l], [kv0_r, kv1_r], [kpe0, kpe1]
+            p_tile = T.alloc_shared((bh, block_n), dtype)
+            alpha_shared = T.alloc_shared((bh,), f32)
+            l_shared = T.alloc_shared((bh,), f32)
+            acc_l = T.alloc_fragment((bh, half), f32)
+            acc_r = T.alloc_fragment((bh, half), f32)
+            s = T.alloc_fragment((bh, block_n), f32)
+            m = T.alloc_fragment((bh,), f32)
+            m_prev = T.alloc_fragment((bh,), f32)
+            row_sum = T.alloc_fragment((bh,), f32)
+            l = T.alloc_fragment((bh,), f32)  # noqa: E741 - the softmax denominator's usual name
+            q_ready = T.alloc_barrier(arrive_count=384)
+            kv_ready = [T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=128)]  # + TMA's bytes
+            kv_free = [T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=256)]  # both p kv done
+            p_ready = T.alloc_barrier(arrive_count=256)  # p_tile / alpha_shared of a block written (group 0)
+            p_free = T.alloc_barrier(arrive_count=256)  # ... and read (group 1)
+            l_ready = T.alloc_barrier(arrive_count=256)
+
+            h0 = hb * bh
+            tx = T.get_thread_binding()
+            T.copy(Q_NOPE[b, h0 : h0 + bh, 0:half], q_l)
+            T.copy(Q_NOPE[b, h0 : h0 + bh, half:dc], q_r)
+            T.copy(Q_PE[b, h0 : h0 + bh, :], qpe_tile)
+            T.barrier_arrive(q_ready)
+
+            if tx < 128:
+                T.set_max_nreg(240, 1)
+                # (in each role: TileLang's sync planner fails to see the roles' conditions warp-uniform under these)
+                start, end, blocks = bounds(SEQLENS, b, split, splits)
+                pairs = T.ceildiv(blocks, 2)  # whole pairs: an odd count's last block is all masked
+                T.fill(acc_l, 0)
+                T.fill(l, 0)
+                T.fill(m, -1e30)
+                T.barrier_wait(q_ready, 0)
+                for i in T.serial(pairs):
+                    for j in (0, 1):  # the two buffers (expanded when the IR is built)
+                        k = 2 * i + j
+                        n0 = start + k * block_n
+                        kv_l, kv_r, kpe = kvs_l[j], kvs_r[j], kpes[j]
+                        T.barrier_wait(kv_ready[j], i & 1)
+                        T.gemm(q_l, kv_l, s, transpose_B=True, clear_accum=True, annotations={"wg_wait": -1})
+                        T.gemm(q_r, kv_r, s, transpose_B=True, annotations={"wg_wait": -1})
+                        T.gemm(qpe_tile, kpe, s, transpose_B=True, annotations={"wg_wait": -1})
+                        T.wait_wgmma(0)
+                        if k > 0:  # group 1 has read the previous block's p_tile and alpha_shared
+                            T.barrier_arrive(p_free)
+                            T.barrier_wait(p_free, (k & 1) ^ 1)
+                        for r, c in T.Parallel(bh, block_n):
+                            s[r, c] = T.if_then_else(n0 + c < end, s[r, c] * (scale * LOG2E), -T.infinity(f32))
+                        T.copy(m, m_prev)
+                        T.reduce_max(s, m, dim=1, clear=False)  # m = max(m_prev, rowmax(s))
+                        for r, c in T.Parallel(bh, block_n):
+                            s[r, c] = T.exp2(s[r, c] - m[r])
+                        T.reduce_sum(s, row_sum, dim=1)
+                        for r in T.Parallel(bh):
+                            m_prev[r] = T.exp2(m_prev[r] - m[r])  # the rescale factor of the running sums
+                            l[r] = l[r] * m_prev[r] + row_sum[r]
+                        for r, c in T.Parallel(bh, half):
+                            acc_l[r, c] *= m_prev[r]
+                        T.copy(m_prev, alpha_shared)
+                        T.copy(s, p_tile)
+                        # rows past the end: zeros, not whatever the cache holds there (group 1's half too: its
+                        # p kv runs after ours)
+                        for r, c in T.Parallel(block_n, half):
+                            if n0 + r >= end:
+                                kv_l[r, c] = T.cast(0, dtype)
+                                kv_r[r, c] = T.cast(0, dtype)
+                        T.gemm(p_tile, kv_l, acc_l)
+                        T.barrier_arrive(p_ready)
+                        T.barrier_arrive(kv_free[j])
+                T.copy(l, l_shared)
+                T.barrier_arrive(l_ready)
+                for r, c in T.Parallel(bh, half):
+                    acc_l[r, c] = acc_l[r, c] / T.if_then_else(l[r] == 0, T.float32(1), l[r])
+                if partial:
+                    for r, c in T.Parallel(bh, half):
+                        if h0 + r < H:
+                            OUT[b, h0 + r, split, c] = acc_l[r, c]
+                    for r in T.Parallel(bh):
+                        if h0 + r < H:
+                            LSE[b, h0 + r, split] = T.if_then_else(l[r] == 0, -T.infinity(f32), m[r] + T.log2(l[r]))
+                else:
+                    T.copy(acc_l, q_l)  # free now: stages the output for one store
+                    T.copy(q_l, OUT[b, h0 : h0 + bh, 0:half])
+                    for r in T.Parallel(bh):
+                        if h0 + r < H:
+                            LSE[b, h0 + r] = T.if_then_else(l[r] == 0, -T.infinity(f32), (m[r] + T.log2(l[r])) * LN2)
+            elif tx >= 128 and tx < 256:
+                T.set_max_nreg(168, 1)
+                # (in each role: TileLang's sync planner fails to see the roles' conditions warp-uniform under these)
+                start, end, blocks = bounds(SEQLENS, b, split, splits)
+                pairs = T.ceildiv(blocks, 2)  # whole pairs: an odd count's last block is all masked
+                T.fill(acc_r, 0)
+                for i in T.serial(pairs):
+                    for j in (0, 1):  # the two buffers (expanded when the IR is built)
+                        k = 2 * i + j
+                        kv_r = kvs_r[j]
+                        T.barrier_arrive(p_ready)
+                        T.barrier_wait(p_ready, k & 1)
+                        for r, c in T.Parallel(bh, half):
+                            acc_r[r, c] *= alpha_shared[r]
+                        T.gemm(p_tile, kv_r, acc_r)
+                        T.barrier_arrive(kv_free[j])
+                        if k < 2 * pairs - 1:  # group 0 waits for this before its next block only
+                            T.barrier_arrive(p_free)
+                T.barrier_arrive(l_ready)
+                T.barrier_wait(l_ready, 0)
+                for r, c in T.Parallel(bh, half):
+                    acc_r[r, c] = acc_r[r, c] / T.if_then_else(l_shared[r] == 0, T.float32(1), l_shared[r])
+                if partial:
+                    for r, c in T.Parallel(bh, half):
+                        if h0 + r < H:
+                            OUT[b, h0 + r, split, half + c] = acc_r[r, c]
+                else:
+                    T.copy(acc_r, q_r)  # group 0's last scores are done: free
+                    T.copy(q_r, OUT[b, h0 : h0 + bh, half:dc])
+            else:
+                T.set_max_nreg(56, 0)
+                # (in each role: TileLang's sync planner fails to see the roles' conditions warp-uniform under these)
+                start, end, blocks = bounds(SEQLENS, b, split, splits)
+                pairs = T.ceildiv(blocks, 2)  # whole pairs: an odd count's last block is all masked
+                for i in T.serial(pairs):
+                    for j in (0, 1):  # the two buffers (expanded when the IR is built)
+                        n0 = start + (2 * i + j) * block_n
+                        if paged:
+                            page = BLOCK_TABLE[b, T.min(n0 // PS, MP - 1)]
+                            row = n0 % PS
+                        else:
+                            page, row = b, n0
+                        T.barrier_wait(kv_free[j], (i & 1) ^ 1)
+                        T.tma_copy(KV[page, row : row + block_n, 0:half], kvs_l[j], barrier=kv_ready[j])
+                        T.tma_copy(KV[page, row : row + block_n, half:dc], kvs_r[j], barrier=kv_ready[j])
+                        T.tma_copy(K_PE[page, row : row + block_n, :], kpes[j], barrier=kv_ready[j])
+                        T.barrier_arrive(kv_ready[j])
+
+    if config == "ws":
+        body = body_ws  # noqa: F811 - the prim_funcs below take the configuration's body
 
     if paged and partial:
 
