@@ -127,6 +127,21 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
         return start, end, T.max(T.ceildiv(end - start, block_n), 1)
 
     @T.macro
+    def online_softmax(s, m, m_prev, row_sum, l, n0, end, scale):  # noqa: E741
+        """One block's step of the docstring's recurrence: s (scores) becomes p, m and l advance, and m_prev is left
+        holding the factor exp2(m_old - m) that rescales the output accumulator."""
+        for i, j in T.Parallel(bh, block_n):
+            s[i, j] = T.if_then_else(n0 + j < end, s[i, j] * (scale * LOG2E), -T.infinity(f32))
+        T.copy(m, m_prev)
+        T.reduce_max(s, m, dim=1, clear=False)  # m = max(m_prev, rowmax(s))
+        for i, j in T.Parallel(bh, block_n):
+            s[i, j] = T.exp2(s[i, j] - m[i])
+        T.reduce_sum(s, row_sum, dim=1)
+        for i in T.Parallel(bh):
+            m_prev[i] = T.exp2(m_prev[i] - m[i])
+            l[i] = l[i] * m_prev[i] + row_sum[i]
+
+    @T.macro
     def body(Q_NOPE, Q_PE, KV, K_PE, SEQLENS, BLOCK_TABLE, OUT, LSE, scale, splits):  # noqa: N803
         # the head tiles of a sequence are neighbours in the grid: they run at the same time and share its rows in L2
         with T.Kernel(T.ceildiv(H, bh), B, splits, threads=256) as (hb, b, split):
@@ -162,16 +177,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                 T.copy(K_PE[page, row : row + block_n, :], kpe_tile)
                 T.gemm(q_tile, kv_tile, s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol, clear_accum=True)
                 T.gemm(qpe_tile, kpe_tile, s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-                for i, j in T.Parallel(bh, block_n):
-                    s[i, j] = T.if_then_else(n0 + j < end, s[i, j] * (scale * LOG2E), -T.infinity(f32))
-                T.copy(m, m_prev)
-                T.reduce_max(s, m, dim=1, clear=False)  # m = max(m_prev, rowmax(s))
-                for i, j in T.Parallel(bh, block_n):
-                    s[i, j] = T.exp2(s[i, j] - m[i])
-                T.reduce_sum(s, row_sum, dim=1)
-                for i in T.Parallel(bh):
-                    m_prev[i] = T.exp2(m_prev[i] - m[i])  # the rescale factor of the running sums
-                    l[i] = l[i] * m_prev[i] + row_sum[i]
+                online_softmax(s, m, m_prev, row_sum, l, n0, end, scale)
                 for i, j in T.Parallel(bh, dc):
                     acc[i, j] *= m_prev[i]
                 T.copy(s, p_tile)
@@ -258,16 +264,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                         if k > 0:  # group 1 has read the previous block's p_tile and alpha_shared
                             T.barrier_arrive(p_free)
                             T.barrier_wait(p_free, (k & 1) ^ 1)
-                        for r, c in T.Parallel(bh, block_n):
-                            s[r, c] = T.if_then_else(n0 + c < end, s[r, c] * (scale * LOG2E), -T.infinity(f32))
-                        T.copy(m, m_prev)
-                        T.reduce_max(s, m, dim=1, clear=False)  # m = max(m_prev, rowmax(s))
-                        for r, c in T.Parallel(bh, block_n):
-                            s[r, c] = T.exp2(s[r, c] - m[r])
-                        T.reduce_sum(s, row_sum, dim=1)
-                        for r in T.Parallel(bh):
-                            m_prev[r] = T.exp2(m_prev[r] - m[r])  # the rescale factor of the running sums
-                            l[r] = l[r] * m_prev[r] + row_sum[r]
+                        online_softmax(s, m, m_prev, row_sum, l, n0, end, scale)
                         for r, c in T.Parallel(bh, half):
                             acc_l[r, c] *= m_prev[r]
                         T.copy(m_prev, alpha_shared)
