@@ -57,8 +57,9 @@ FAST_MATH = {"tl.enable_fast_math": True}  # exp2 / log2 as single MUFU instruct
 # is a second body (body_ws, FlashMLA's split of the work): one consumer group computes each block's whole 64 x 64
 # scores as one wgmma of N 64 (the default's groups each run N = BLOCK_N / 2, reading q's 72 KiB from shared memory
 # twice a block), the other multiplies its half of the outputs while the first moves to the next block; roles,
-# barriers and register shares written by hand (240 / 168 / 56), TMA loads into two buffers.
-CONFIGS = {"default": (64, 2), "n32s2": (32, 2), "n32s3": (32, 3), "ws": (64, 2)}
+# barriers and register shares written by hand (240 / 168 / 56), TMA loads into two buffers. "wsp": the same with
+# the first group's p kv of a block issued with the next block's scores, so that it runs during that block's softmax.
+CONFIGS = {"default": (64, 2), "n32s2": (32, 2), "n32s3": (32, 3), "ws": (64, 2), "wsp": (64, 2)}
 DEFAULT_CONFIG = "default"
 
 
@@ -111,6 +112,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     import tilelang.language as T
 
     paged, partial, config = _parse(kernel)
+    pipelined = config == "wsp"  # body_ws's variant
     block_n, stages = CONFIGS[config]
     f32 = "float32"
     dc, dr, bh = LATENT_DIM, ROPE_DIM, BLOCK_H
@@ -260,11 +262,23 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                         T.gemm(q_l, kv_l, s, transpose_B=True, clear_accum=True, annotations={"wg_wait": -1})
                         T.gemm(q_r, kv_r, s, transpose_B=True, annotations={"wg_wait": -1})
                         T.gemm(qpe_tile, kpe, s, transpose_B=True, annotations={"wg_wait": -1})
-                        T.wait_wgmma(0)
+                        if pipelined:  # the previous block's p kv runs while this block's softmax does
+                            if k > 0:
+                                T.gemm(p_tile, kvs_l[1 - j], acc_l, annotations={"wg_wait": -1})
+                                T.wait_wgmma(1)
+                            else:
+                                T.wait_wgmma(0)
+                            online_softmax(s, m, m_prev, row_sum, l, n0, end, scale)
+                            T.wait_wgmma(0)
+                            if k > 0:
+                                T.barrier_arrive(kv_free[1 - j])
+                        else:
+                            T.wait_wgmma(0)
                         if k > 0:  # group 1 has read the previous block's p_tile and alpha_shared
                             T.barrier_arrive(p_free)
                             T.barrier_wait(p_free, (k & 1) ^ 1)
-                        online_softmax(s, m, m_prev, row_sum, l, n0, end, scale)
+                        if not pipelined:
+                            online_softmax(s, m, m_prev, row_sum, l, n0, end, scale)
                         for r, c in T.Parallel(bh, half):
                             acc_l[r, c] *= m_prev[r]
                         T.copy(m_prev, alpha_shared)
@@ -275,9 +289,15 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                             if n0 + r >= end:
                                 kv_l[r, c] = T.cast(0, dtype)
                                 kv_r[r, c] = T.cast(0, dtype)
-                        T.gemm(p_tile, kv_l, acc_l)
+                        if pipelined:
+                            T.fence_proxy_async()  # our writes, before group 1's wgmma reads them
+                        else:
+                            T.gemm(p_tile, kv_l, acc_l)
                         T.barrier_arrive(p_ready)
-                        T.barrier_arrive(kv_free[j])
+                        if not pipelined:
+                            T.barrier_arrive(kv_free[j])
+                if pipelined:  # the last block's (always the second buffer's)
+                    T.gemm(p_tile, kvs_l[1], acc_l)
                 T.copy(l, l_shared)
                 T.barrier_arrive(l_ready)
                 for r, c in T.Parallel(bh, half):
@@ -343,7 +363,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                         T.tma_copy(K_PE[page, row : row + block_n, :], kpes[j], barrier=kv_ready[j])
                         T.barrier_arrive(kv_ready[j])
 
-    if config == "ws":
+    if config in ("ws", "wsp"):
         body = body_ws  # noqa: F811 - the prim_funcs below take the configuration's body
 
     if paged and partial:
