@@ -18,7 +18,8 @@ products to wgmma (operands in shared memory) and splits the loop into producer 
 mbarriers, setmaxnreg), all on its own for sm_90a.
 
 Positions (as the Triton kernel, mla_decode.py): sequence b's length L = clamp(cache_seqlens[b], 0, capacity); split
-s of S takes [s * c, min((s + 1) * c, L)), c = cdiv(cdiv(L, S), BLOCK_N) * BLOCK_N. Paged caches: position p is row
+s of S takes [s * c, min((s + 1) * c, L)), c = cdiv(cdiv(L, S), BLOCK_N) * BLOCK_N (2 * BLOCK_N in body_ws, whose
+loops take blocks in pairs). Paged caches: position p is row
 p % page_size of page block_table[b, p // page_size]; page_size must be a multiple of BLOCK_N (a tile never crosses
 a page; 64 = FlashMLA's pages). Contiguous caches are one page per sequence (page b, page_size = Smax; the tile past
 Smax is TMA's zero fill). The rows of a block past the split's end are zeroed in shared memory before the p kv
@@ -119,11 +120,12 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     B, H, P, PS, S = T.dynamic("B H P PS S")  # noqa: N806 - sizes
     MP = T.dynamic("MP") if paged else 1  # noqa: N806
 
-    def bounds(SEQLENS, b, split, splits):  # noqa: N803
-        """[start, end) of split `split` of sequence b's positions, and its blocks (at least one)."""
+    def bounds(SEQLENS, b, split, splits, unit=block_n):  # noqa: N803
+        """[start, end) of split `split` of sequence b's positions (splits of whole `unit`s), and its blocks (at
+        least one)."""
         capacity = MP * PS if paged else PS
         seqlen = T.min(T.max(SEQLENS[b], 0), capacity)
-        chunk = T.ceildiv(T.ceildiv(seqlen, splits), block_n) * block_n
+        chunk = T.ceildiv(T.ceildiv(seqlen, splits), unit) * unit
         start = split * chunk
         end = T.min(start + chunk, seqlen)
         return start, end, T.max(T.ceildiv(end - start, block_n), 1)
@@ -247,8 +249,8 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
             if tx < 128:
                 T.set_max_nreg(240, 1)
                 # (in each role: TileLang's sync planner fails to see the roles' conditions warp-uniform under these)
-                start, end, blocks = bounds(SEQLENS, b, split, splits)
-                pairs = T.ceildiv(blocks, 2)  # whole pairs: an odd count's last block is all masked
+                start, end, blocks = bounds(SEQLENS, b, split, splits, 2 * block_n)  # splits of whole pairs
+                pairs = T.ceildiv(blocks, 2)  # an odd count's last block (the sequence's last) is all masked
                 T.fill(acc_l, 0)
                 T.fill(l, 0)
                 T.fill(m, -1e30)
@@ -318,8 +320,8 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
             elif tx >= 128 and tx < 256:
                 T.set_max_nreg(168, 1)
                 # (in each role: TileLang's sync planner fails to see the roles' conditions warp-uniform under these)
-                start, end, blocks = bounds(SEQLENS, b, split, splits)
-                pairs = T.ceildiv(blocks, 2)  # whole pairs: an odd count's last block is all masked
+                start, end, blocks = bounds(SEQLENS, b, split, splits, 2 * block_n)  # splits of whole pairs
+                pairs = T.ceildiv(blocks, 2)  # an odd count's last block (the sequence's last) is all masked
                 T.fill(acc_r, 0)
                 for i in T.serial(pairs):
                     for j in (0, 1):  # the two buffers (expanded when the IR is built)
@@ -347,8 +349,8 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
             else:
                 T.set_max_nreg(56, 0)
                 # (in each role: TileLang's sync planner fails to see the roles' conditions warp-uniform under these)
-                start, end, blocks = bounds(SEQLENS, b, split, splits)
-                pairs = T.ceildiv(blocks, 2)  # whole pairs: an odd count's last block is all masked
+                start, end, blocks = bounds(SEQLENS, b, split, splits, 2 * block_n)  # splits of whole pairs
+                pairs = T.ceildiv(blocks, 2)  # an odd count's last block (the sequence's last) is all masked
                 for i in T.serial(pairs):
                     for j in (0, 1):  # the two buffers (expanded when the IR is built)
                         n0 = start + (2 * i + j) * block_n
