@@ -71,11 +71,13 @@ TILE_PER_THREAD, TILE_MIN_WARPS = 64, 4
 FEW_WARPS_CLASSES = (1024, 4096)
 REDUCE_BLOCK = 16384  # row losses a step of the loss reduction (one step at 16K rows)
 SEGMENT = 8192  # classes a program of the split forward of rows wider than MAX_ROW_BLOCK
-# chunk of a streamed row (fused_linear_cross_entropy's chunks), 16 warps: benchmarks/sweep_ce_wide.py, 1024 x 128256
-# bf16 on an H100 (2026-12-06), 290 us against 308 at 4096 (rows.WIDE_ROW_BLOCK) and 322 at 16384; a persistent grid
-# of 1-4 programs an SM (the second read from L2) gained nothing (291-303 us)
-STREAM_BLOCK, STREAM_WARPS = 8192, 16
-STREAM_ONLINE = False  # the kernel's BLOCK_ONLINE for streamed rows (a running max / sum a row, not a lane)
+# chunk of a streamed row (fused_linear_cross_entropy's chunks) and the kernel's BLOCK_ONLINE (one running max / sum
+# a row, one exp a logit, few registers: 32-warp programs and 32768-wide chunks fit): benchmarks/sweep_ce_wide.py,
+# 1024 x 128256 bf16 on an H100 (2026-12-08), 240 us (73% of copy) against 290 for the per-lane running max at 8192 /
+# 16 warps, its best; a persistent grid of 1-2 programs an SM 244-248 us. 64 registers a thread at 32 warps: the
+# variants with per-row losses and a validity mask spill 8-16 B on sm_90, up to 144 B on sm_80 (Triton 3.6)
+STREAM_BLOCK, STREAM_WARPS = 32768, 32
+STREAM_ONLINE = True
 COMBINE_ROWS, COMBINE_SEGMENTS = 16, 32  # rows and segments a step of its combining launch
 # The row widths and strides are passed in units of 16 elements where they all divide (plan.in_units) and multiplied
 # back by UNIT first: rows then start 16-byte aligned and the loads and stores vectorize under jax-triton too. The

@@ -232,7 +232,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
             m_prev = T.alloc_fragment((bh,), f32)
             row_sum = T.alloc_fragment((bh,), f32)
             l = T.alloc_fragment((bh,), f32)  # noqa: E741 - the softmax denominator's usual name
-            q_ready = T.alloc_barrier(arrive_count=384)
+            q_ready = T.alloc_barrier(arrive_count=128)  # the TMA group's, + the bytes
             kv_ready = [T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=128)]  # + TMA's bytes
             kv_free = [T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=256)]  # both p kv done
             p_ready = T.alloc_barrier(arrive_count=256)  # p_tile / alpha_shared of a block written (group 0)
@@ -241,10 +241,6 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
 
             h0 = hb * bh
             tx = T.get_thread_binding()
-            T.copy(Q_NOPE[b, h0 : h0 + bh, 0:half], q_l)
-            T.copy(Q_NOPE[b, h0 : h0 + bh, half:dc], q_r)
-            T.copy(Q_PE[b, h0 : h0 + bh, :], qpe_tile)
-            T.barrier_arrive(q_ready)
 
             if tx < 128:
                 T.set_max_nreg(240, 1)
@@ -351,6 +347,10 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                 # (in each role: TileLang's sync planner fails to see the roles' conditions warp-uniform under these)
                 start, end, blocks = bounds(SEQLENS, b, split, splits, 2 * block_n)  # splits of whole pairs
                 pairs = T.ceildiv(blocks, 2)  # an odd count's last block (the sequence's last) is all masked
+                T.tma_copy(Q_NOPE[b, h0 : h0 + bh, 0:half], q_l, barrier=q_ready)
+                T.tma_copy(Q_NOPE[b, h0 : h0 + bh, half:dc], q_r, barrier=q_ready)
+                T.tma_copy(Q_PE[b, h0 : h0 + bh, :], qpe_tile, barrier=q_ready)
+                T.barrier_arrive(q_ready)
                 for i in T.serial(pairs):
                     for j in (0, 1):  # the two buffers (expanded when the IR is built)
                         n0 = start + (2 * i + j) * block_n
