@@ -130,6 +130,13 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
         end = T.min(start + chunk, seqlen)
         return start, end, T.max(T.ceildiv(end - start, block_n), 1)
 
+    def pair_bounds(SEQLENS, b, split, splits):  # noqa: N803
+        """body_ws's `bounds`: splits of whole pairs of blocks, and the pairs (an odd count's last block, the
+        sequence's last, is all masked). Each role computes them itself: TileLang's sync planner fails to see the
+        roles' conditions warp-uniform under these expressions."""
+        start, end, blocks = bounds(SEQLENS, b, split, splits, 2 * block_n)
+        return start, end, T.ceildiv(blocks, 2)
+
     @T.macro
     def online_softmax(s, m, m_prev, row_sum, l, n0, end, scale):  # noqa: E741
         """One block's step of the docstring's recurrence: s (scores) becomes p, m and l advance, and m_prev is left
@@ -207,9 +214,9 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
     @T.macro
     def body_ws(Q_NOPE, Q_PE, KV, K_PE, SEQLENS, BLOCK_TABLE, OUT, LSE, scale, splits):  # noqa: N803
         # "ws": three warp groups by hand. Group 0 computes each block's whole 64 x BLOCK_N scores (one wgmma of
-        # N = BLOCK_N a K slice), its softmax and the left half of p kv; group 1 the right half of p kv from the
-        # probabilities and rescale factors group 0 leaves in shared memory; group 2 loads the blocks with cp.async
-        # into two buffers (rows past the split's end zero-filled by the copy's predicate).
+        # N = BLOCK_N a K slice), its softmax and the left half of p kv, and zeroes the block's rows past the split's
+        # end (both halves); group 1 the right half of p kv from the probabilities and rescale factors group 0 leaves
+        # in shared memory; group 2 loads q, then the blocks into two buffers, with TMA.
         half = dc // 2
         with T.Kernel(T.ceildiv(H, bh), B, splits, threads=384) as (hb, b, split):
             q_l = T.alloc_shared((bh, half), dtype)
@@ -244,9 +251,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
 
             if tx < 128:
                 T.set_max_nreg(240, 1)
-                # (in each role: TileLang's sync planner fails to see the roles' conditions warp-uniform under these)
-                start, end, blocks = bounds(SEQLENS, b, split, splits, 2 * block_n)  # splits of whole pairs
-                pairs = T.ceildiv(blocks, 2)  # an odd count's last block (the sequence's last) is all masked
+                start, end, pairs = pair_bounds(SEQLENS, b, split, splits)
                 T.fill(acc_l, 0)
                 T.fill(l, 0)
                 T.fill(m, -1e30)
@@ -315,9 +320,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                             LSE[b, h0 + r] = T.if_then_else(l[r] == 0, -T.infinity(f32), (m[r] + T.log2(l[r])) * LN2)
             elif tx >= 128 and tx < 256:
                 T.set_max_nreg(168, 1)
-                # (in each role: TileLang's sync planner fails to see the roles' conditions warp-uniform under these)
-                start, end, blocks = bounds(SEQLENS, b, split, splits, 2 * block_n)  # splits of whole pairs
-                pairs = T.ceildiv(blocks, 2)  # an odd count's last block (the sequence's last) is all masked
+                start, end, pairs = pair_bounds(SEQLENS, b, split, splits)
                 T.fill(acc_r, 0)
                 for i in T.serial(pairs):
                     for j in (0, 1):  # the two buffers (expanded when the IR is built)
@@ -344,9 +347,7 @@ def prim_func(kernel: str, dtype: str, _dtype: str, tilelang_target: dict):
                     T.copy(q_r, OUT[b, h0 : h0 + bh, half:dc])
             else:
                 T.set_max_nreg(56, 0)
-                # (in each role: TileLang's sync planner fails to see the roles' conditions warp-uniform under these)
-                start, end, blocks = bounds(SEQLENS, b, split, splits, 2 * block_n)  # splits of whole pairs
-                pairs = T.ceildiv(blocks, 2)  # an odd count's last block (the sequence's last) is all masked
+                start, end, pairs = pair_bounds(SEQLENS, b, split, splits)
                 T.tma_copy(Q_NOPE[b, h0 : h0 + bh, 0:half], q_l, barrier=q_ready)
                 T.tma_copy(Q_NOPE[b, h0 : h0 + bh, half:dc], q_r, barrier=q_ready)
                 T.tma_copy(Q_PE[b, h0 : h0 + bh, :], qpe_tile, barrier=q_ready)
